@@ -1,0 +1,190 @@
+/* The combine of moe_unpermute for one token, and the exact float conversions it needs.
+ *
+ * Rounding is part of the contract (SPEC.md section 2), so this file is built with
+ * -ffp-contract=off: the only fused multiply-add is the explicit fmaf of the weighted combine.
+ * Type punning goes through memcpy (pointer casts broke strict aliasing at -O3).
+ * The float16 conversions are integer bit operations (plus exact int->float conversions and
+ * power-of-two products for subnormals), written branch-free so that the loops vectorise.
+ */
+#ifndef MOE_COMBINE_H
+#define MOE_COMBINE_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Data-type codes; must equal DATA_* of moe_numba/_abi.py (checked at import by _unpermute). */
+#define MOE_DATA_FLOAT32 0
+#define MOE_DATA_BFLOAT16 1
+#define MOE_DATA_FLOAT16 2
+
+/* H is combined in blocks of this many elements so that the float32 accumulator of a block
+   stays in L1 while the token's rows stream through it. */
+#define MOE_COMBINE_BLOCK 512
+
+/* The combine is compiled twice on x86-64 with GCC >= 12 and glibc (ifunc): once for
+   x86-64-v3 (AVX2 + FMA: vectorised, fmaf becomes vfmadd) and once for the baseline, picked
+   at load time. Other compilers and architectures get the baseline version only. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 \
+    && defined(__GLIBC__)
+#define MOE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define MOE_CLONES
+#endif
+
+#if defined(__GNUC__)
+#define MOE_INLINE static inline __attribute__((always_inline))
+#else
+#define MOE_INLINE static inline
+#endif
+
+MOE_INLINE float moe_bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+MOE_INLINE uint32_t moe_f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+MOE_INLINE float moe_bf16_to_f32(uint16_t h) { return moe_bits_to_f32((uint32_t)h << 16); }
+
+/* Round to nearest even; every NaN becomes the canonical quiet NaN. */
+MOE_INLINE uint16_t moe_f32_to_bf16(float f) {
+    uint32_t u = moe_f32_to_bits(f);
+    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    return (u & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)0x7FC0u : (uint16_t)rounded;
+}
+
+MOE_INLINE float moe_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t em = h & 0x7FFFu; /* exponent and mantissa */
+    uint32_t normal = (em << 13) + ((127u - 15u) << 23);
+    uint32_t special = (em << 13) | 0x7F800000u; /* inf, and NaN with its payload */
+    /* subnormal (and zero): em * 2^-24, both steps exact since em < 2^10 */
+    uint32_t subnormal = moe_f32_to_bits((float)(int32_t)em * 0x1p-24f);
+    uint32_t mag = em >= 0x7C00u ? special : (em >= 0x0400u ? normal : subnormal);
+    return moe_bits_to_f32(sign | mag);
+}
+
+/* IEEE binary16, round to nearest even (subnormals, overflow to inf); NaN made canonical. */
+MOE_INLINE uint16_t moe_f32_to_f16(float f) {
+    uint32_t u = moe_f32_to_bits(f);
+    int32_t sign = (int32_t)((u >> 16) & 0x8000u);
+    int32_t a = (int32_t)(u & 0x7FFFFFFFu);
+    /* normal: rebias the exponent (127 -> 15) and round off 13 bits; a carry out of the
+       mantissa correctly bumps the exponent */
+    int32_t normal = (a - (112 << 23) + 0xFFF + ((a >> 13) & 1)) >> 13;
+    /* subnormal: the value in units of 2^-24 is m >> s, rounded to nearest even; s is clamped
+       to [1, 25] (25 already gives 0, and lanes outside this range are discarded) */
+    int32_t s = 126 - (a >> 23);
+    s = s < 1 ? 1 : (s > 25 ? 25 : s);
+    int32_t m = (a & 0x7FFFFF) | 0x800000;
+    int32_t q = m >> s;
+    int32_t rem = m & ((1 << s) - 1);
+    int32_t half = 1 << (s - 1);
+    int32_t subnormal = q + ((rem > half) | ((rem == half) & q & 1));
+    /* 0x477FF000 = 65520, the midpoint between the largest float16 and 2^16: ties go to inf */
+    int32_t mag = a >= 0x477FF000 ? 0x7C00 : (a >= 0x38800000 ? normal : subnormal);
+    return a > 0x7F800000 ? (uint16_t)0x7E00u : (uint16_t)(sign | mag);
+}
+
+MOE_INLINE float moe_load(const void *row, int64_t i, int dtype) {
+    if (dtype == MOE_DATA_FLOAT32) return ((const float *)row)[i];
+    if (dtype == MOE_DATA_BFLOAT16) return moe_bf16_to_f32(((const uint16_t *)row)[i]);
+    return moe_f16_to_f32(((const uint16_t *)row)[i]);
+}
+
+/* Round to the data type and widen back (the accumulator of using_mix_precision=False). */
+MOE_INLINE float moe_round_trip(float v, int dtype) {
+    if (dtype == MOE_DATA_BFLOAT16) return moe_bf16_to_f32(moe_f32_to_bf16(v));
+    if (dtype == MOE_DATA_FLOAT16) return moe_f16_to_f32(moe_f32_to_f16(v));
+    return v; /* float32: already exact (a NaN is made canonical at the end) */
+}
+
+MOE_INLINE void moe_store(void *out, int64_t i, float v, int dtype) {
+    if (dtype == MOE_DATA_FLOAT32) {
+        uint32_t u = moe_f32_to_bits(v);
+        ((uint32_t *)out)[i] = (u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC00000u : u;
+    } else if (dtype == MOE_DATA_BFLOAT16) {
+        ((uint16_t *)out)[i] = moe_f32_to_bf16(v);
+    } else {
+        ((uint16_t *)out)[i] = moe_f32_to_f16(v);
+    }
+}
+
+MOE_INLINE float moe_accumulate(float acc, float x, float p, int weighted, int rounded,
+                                int dtype) {
+    float v = weighted ? fmaf(x, p, acc) : acc + x;
+    return rounded ? moe_round_trip(v, dtype) : v;
+}
+
+/* out[h] = the combine of rows[src_rows[j], h] for j < nsrc, in that order, for h < H.
+   acc is scratch for MOE_COMBINE_BLOCK floats. dtype, weighted and rounded are constants
+   after inlining, so each variant gets its own vectorised loops. */
+MOE_INLINE void moe_combine_token_impl(int dtype, int weighted, int rounded,
+                                       const char *rows, int64_t H, const int64_t *src_rows,
+                                       const float *src_probs, int64_t nsrc,
+                                       float *restrict acc, char *out) {
+    int64_t size = dtype == MOE_DATA_FLOAT32 ? 4 : 2;
+    for (int64_t h0 = 0; h0 < H; h0 += MOE_COMBINE_BLOCK) {
+        int64_t n = H - h0 < MOE_COMBINE_BLOCK ? H - h0 : MOE_COMBINE_BLOCK;
+        if (nsrc == 0) {
+            for (int64_t i = 0; i < n; i++) acc[i] = 0.0f;
+        }
+        for (int64_t j = 0; j < nsrc; j++) {
+            const char *restrict x = rows + (src_rows[j] * H + h0) * size;
+            float p = src_probs[j];
+            if (j == 0) {
+                for (int64_t i = 0; i < n; i++)
+                    acc[i] = moe_accumulate(0.0f, moe_load(x, i, dtype), p, weighted, rounded,
+                                            dtype);
+            } else {
+                for (int64_t i = 0; i < n; i++)
+                    acc[i] = moe_accumulate(acc[i], moe_load(x, i, dtype), p, weighted,
+                                            rounded, dtype);
+            }
+        }
+        char *restrict y = out + h0 * size;
+        for (int64_t i = 0; i < n; i++) moe_store(y, i, acc[i], dtype);
+    }
+}
+
+MOE_CLONES static void moe_combine_token(int dtype, int weighted, int mix_precision,
+                                         const void *rows, int64_t H, const int64_t *src_rows,
+                                         const float *src_probs, int64_t nsrc, float *acc,
+                                         void *out) {
+    const char *r = (const char *)rows;
+    char *o = (char *)out;
+#define MOE_VARIANT(D, W, M) \
+    moe_combine_token_impl(D, W, M, r, H, src_rows, src_probs, nsrc, acc, o)
+    int rounded = !mix_precision;
+    if (dtype == MOE_DATA_FLOAT32) {
+        if (weighted) MOE_VARIANT(MOE_DATA_FLOAT32, 1, 0);
+        else MOE_VARIANT(MOE_DATA_FLOAT32, 0, 0);
+    } else if (dtype == MOE_DATA_BFLOAT16) {
+        if (weighted) {
+            if (rounded) MOE_VARIANT(MOE_DATA_BFLOAT16, 1, 1);
+            else MOE_VARIANT(MOE_DATA_BFLOAT16, 1, 0);
+        } else {
+            if (rounded) MOE_VARIANT(MOE_DATA_BFLOAT16, 0, 1);
+            else MOE_VARIANT(MOE_DATA_BFLOAT16, 0, 0);
+        }
+    } else {
+        if (weighted) {
+            if (rounded) MOE_VARIANT(MOE_DATA_FLOAT16, 1, 1);
+            else MOE_VARIANT(MOE_DATA_FLOAT16, 1, 0);
+        } else {
+            if (rounded) MOE_VARIANT(MOE_DATA_FLOAT16, 0, 1);
+            else MOE_VARIANT(MOE_DATA_FLOAT16, 0, 0);
+        }
+    }
+#undef MOE_VARIANT
+}
+
+/* Element-wise conversions, for the exhaustive tests of the functions above. */
+MOE_CLONES static void moe_widen_array(int dtype, const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = dtype == MOE_DATA_BFLOAT16 ? moe_bf16_to_f32(src[i]) : moe_f16_to_f32(src[i]);
+}
+
+MOE_CLONES static void moe_narrow_array(int dtype, const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = dtype == MOE_DATA_BFLOAT16 ? moe_f32_to_bf16(src[i]) : moe_f32_to_f16(src[i]);
+}
+
+#endif /* MOE_COMBINE_H */

@@ -1,0 +1,205 @@
+"""moe_unpermute on the CPU: the combine stage, tokens in parallel.
+
+The arithmetic of one token lives in _combine.h (C, so that it can be compiled for AVX2/FMA
+next to a baseline version); this module gathers each token's rows and reports bad values.
+"""
+
+from cython.parallel cimport prange, threadid
+from libc.stdint cimport int32_t, int64_t, uint16_t
+from libc.stdlib cimport free, malloc
+
+from moe_cpu._parallel cimport num_threads
+
+from moe_numba import _abi
+
+cdef extern from "_combine.h" nogil:
+    int MOE_DATA_FLOAT32
+    int MOE_DATA_BFLOAT16
+    int MOE_DATA_FLOAT16
+    int MOE_COMBINE_BLOCK
+    void moe_combine_token(int dtype, int weighted, int mix_precision, const void* rows,
+                           int64_t H, const int64_t* src_rows, const float* src_probs,
+                           int64_t nsrc, float* acc, void* out)
+    void moe_widen_array(int dtype, const uint16_t* src, float* dst, int64_t n)
+    void moe_narrow_array(int dtype, const float* src, uint16_t* dst, int64_t n)
+
+if (MOE_DATA_FLOAT32, MOE_DATA_BFLOAT16, MOE_DATA_FLOAT16) != (
+    _abi.DATA_FLOAT32, _abi.DATA_BFLOAT16, _abi.DATA_FLOAT16
+):
+    raise ImportError("moe_cpu._combine.h and moe_numba._abi disagree on the DATA_* codes")
+
+cdef Py_ssize_t BAD_ID = _abi.UNPERMUTE_BAD_ID
+cdef Py_ssize_t BAD_ID_VALUE = _abi.UNPERMUTE_BAD_ID_VALUE
+cdef Py_ssize_t BAD_ROW = _abi.UNPERMUTE_BAD_ROW
+cdef Py_ssize_t BAD_ROW_VALUE = _abi.UNPERMUTE_BAD_ROW_VALUE
+cdef Py_ssize_t STATUS_LEN = _abi.UNPERMUTE_STATUS_LEN
+
+ctypedef fused index_t:
+    int32_t
+    int64_t
+
+ctypedef fused row_t:
+    float
+    uint16_t
+
+cdef enum:
+    TOKEN_CHUNK = 16  # tokens per parallel work item (status is kept per chunk)
+
+
+cdef struct Combine:
+    int64_t T, K, E, R, H, elem_size
+    int dtype, weighted, mix_precision
+    const char* rows
+    const int32_t* rowmap
+    const float* probs
+    char* out_hidden
+    float* out_probs
+    # per chunk: first bad routemap slot, its id, first bad rowmap entry, its value
+    int64_t* chunk_status
+    # per thread: accumulator [MOE_COMBINE_BLOCK] float, rows [E] int64, weights [E] float
+    char* scratch
+    int64_t scratch_stride
+
+
+cdef void _combine(Combine* c, const index_t* routemap, int nthreads) noexcept nogil:
+    cdef int64_t ch, t, e, k, r, nsrc, flat
+    cdef int64_t nchunks = (c.T + TOKEN_CHUNK - 1) // TOKEN_CHUNK
+    cdef float* acc
+    cdef int64_t* src_rows
+    cdef float* src_probs
+    cdef int64_t* st
+    cdef float w
+    for ch in prange(nchunks, num_threads=nthreads, schedule="static"):
+        acc = <float*>(c.scratch + threadid() * c.scratch_stride)
+        src_rows = <int64_t*>(acc + MOE_COMBINE_BLOCK)
+        src_probs = <float*>(src_rows + c.E)
+        st = c.chunk_status + 4 * ch
+        st[0] = -1
+        st[1] = -1
+        st[2] = -1
+        st[3] = -1
+        for t in range(ch * TOKEN_CHUNK, min(ch * TOKEN_CHUNK + TOKEN_CHUNK, c.T)):
+            # the token's rows in ascending expert id
+            nsrc = 0
+            for e in range(c.E):
+                flat = t * c.E + e
+                r = c.rowmap[flat]
+                if r < -1 or r >= c.R:
+                    if st[2] < 0:
+                        st[2] = flat
+                        st[3] = r
+                elif r >= 0:
+                    src_rows[nsrc] = r
+                    src_probs[nsrc] = c.probs[r]
+                    nsrc = nsrc + 1
+            moe_combine_token(c.dtype, c.weighted, c.mix_precision, c.rows, c.H, src_rows,
+                              src_probs, nsrc, acc, c.out_hidden + t * c.H * c.elem_size)
+            for k in range(c.K):
+                flat = t * c.K + k
+                e = routemap[flat]
+                w = 0.0
+                if e < -1 or e >= c.E:
+                    if st[0] < 0:
+                        st[0] = flat
+                        st[1] = e
+                elif e >= 0:
+                    r = c.rowmap[t * c.E + e]
+                    if r >= 0 and r < c.R:
+                        w = c.probs[r]
+                c.out_probs[flat] = w
+
+
+def unpermute(const row_t[:, ::1] rows, const int32_t[:, ::1] rowmap,
+              const index_t[:, ::1] routemap, const float[::1] probs, row_t[:, ::1] out_hidden,
+              float[:, ::1] out_probs, int64_t[::1] status, int data_type, bint weighted,
+              bint mix_precision):
+    """Backend of ``moe_unpermute``: fill the preallocated outputs and the status words.
+
+    The caller has checked every shape, dtype and contiguity; values may be anything.
+
+    Parameters
+    ----------
+    rows : numpy.ndarray
+        ``[R, H]`` float32, or uint16 holding bfloat16 / float16 bits.
+    rowmap : numpy.ndarray
+        int32 ``[T, E]`` row of each (token, expert), -1 = none.
+    routemap : numpy.ndarray
+        int32 or int64 ``[T, K]`` expert ids.
+    probs : numpy.ndarray
+        float32 ``[R]`` weight of each row.
+    out_hidden : numpy.ndarray
+        ``[T, H]``, the type of `rows`.
+    out_probs : numpy.ndarray
+        float32 ``[T, K]``.
+    status : numpy.ndarray
+        int64 ``[UNPERMUTE_STATUS_LEN]``, see :mod:`moe_numba._abi`.
+    data_type : int
+        ``DATA_FLOAT32``, ``DATA_BFLOAT16`` or ``DATA_FLOAT16`` of :mod:`moe_numba._abi`.
+    weighted : bool
+        Accumulate ``fma(row, prob, acc)`` instead of ``acc + row``.
+    mix_precision : bool
+        Keep the accumulator in float32 (else round it to the data type after every row).
+
+    Raises
+    ------
+    ValueError
+        If `data_type` does not match the element type of `rows`.
+    """
+    cdef Combine c
+    cdef int nthreads = num_threads()
+    cdef int64_t i, ch, nchunks
+    if row_t is float:
+        if data_type != MOE_DATA_FLOAT32:
+            raise ValueError(f"float32 rows need data_type DATA_FLOAT32, got {data_type}")
+    elif data_type != MOE_DATA_BFLOAT16 and data_type != MOE_DATA_FLOAT16:
+        raise ValueError(f"uint16 rows need data_type DATA_BFLOAT16/FLOAT16, got {data_type}")
+
+    c.T = rowmap.shape[0]
+    c.E = rowmap.shape[1]
+    c.K = routemap.shape[1]
+    c.R = rows.shape[0]
+    c.H = rows.shape[1]
+    c.elem_size = sizeof(row_t)
+    c.dtype = data_type
+    c.weighted = weighted
+    c.mix_precision = mix_precision
+    c.rows = <const char*>&rows[0, 0]
+    c.rowmap = &rowmap[0, 0]
+    c.probs = &probs[0]
+    c.out_hidden = <char*>&out_hidden[0, 0]
+    c.out_probs = &out_probs[0, 0]
+    nchunks = (c.T + TOKEN_CHUNK - 1) // TOKEN_CHUNK
+    # 64-byte multiples so that the threads' scratch never shares a cache line
+    c.scratch_stride = (4 * MOE_COMBINE_BLOCK + 12 * c.E + 63) // 64 * 64
+    cdef char* scratch = <char*>malloc(nthreads * c.scratch_stride + 64)
+    c.chunk_status = <int64_t*>malloc((4 * nchunks + 1) * sizeof(int64_t))
+    try:
+        if scratch == NULL or c.chunk_status == NULL:
+            raise MemoryError("moe_cpu.unpermute: out of memory for the scratch buffers")
+        c.scratch = scratch + (-<size_t>scratch) % 64
+        with nogil:
+            _combine(&c, &routemap[0, 0], nthreads)
+            for i in range(STATUS_LEN):
+                status[i] = -1
+            for ch in range(nchunks):
+                if status[BAD_ID] < 0 and c.chunk_status[4 * ch] >= 0:
+                    status[BAD_ID] = c.chunk_status[4 * ch]
+                    status[BAD_ID_VALUE] = c.chunk_status[4 * ch + 1]
+                if status[BAD_ROW] < 0 and c.chunk_status[4 * ch + 2] >= 0:
+                    status[BAD_ROW] = c.chunk_status[4 * ch + 2]
+                    status[BAD_ROW_VALUE] = c.chunk_status[4 * ch + 3]
+    finally:
+        free(scratch)
+        free(c.chunk_status)
+
+
+def _widen(const uint16_t[::1] src, float[::1] dst, int data_type):
+    """Widen bfloat16/float16 bits to float32 with the combine's conversion (for tests)."""
+    with nogil:
+        moe_widen_array(data_type, &src[0], &dst[0], min(src.shape[0], dst.shape[0]))
+
+
+def _narrow(const float[::1] src, uint16_t[::1] dst, int data_type):
+    """Round float32 to bfloat16/float16 bits with the combine's conversion (for tests)."""
+    with nogil:
+        moe_narrow_array(data_type, &src[0], &dst[0], min(src.shape[0], dst.shape[0]))

@@ -1,0 +1,40 @@
+"""What the API and the two backends exchange: status words and data-type codes.
+
+Both backends (``moe_cpu`` and ``moe_numba.cuda``) report the value errors of SPEC.md in a
+small int64 array instead of raising themselves, so that the GPU needs a single read-back and
+both backends share one set of messages (``moe_numba._contract.raise_for_status``). Every slot
+holds -1 when there is nothing to report; a backend writes every slot on every call.
+
+Indices are flat: a slot of ``expert_routemap_topk`` is ``t * K + k``, an entry of
+``zipped_expertwise_rowmap`` is ``t * E + e``. When several entries are at fault, the smallest
+index is reported, so the message does not depend on the backend or the thread count.
+"""
+
+# moe_permute
+PERMUTE_BAD_ID = 0  # smallest flat slot whose expert id is outside [-1, E)
+PERMUTE_BAD_ID_VALUE = 1  # the id found there
+PERMUTE_DUPLICATE = 2  # smallest flat slot repeating an id of an earlier slot of its token
+PERMUTE_DUPLICATE_VALUE = 3  # the repeated expert id
+PERMUTE_MISMATCH = 4  # smallest expert e whose count c_e differs from tokens_per_expert[e]
+PERMUTE_MISMATCH_COUNT = 5  # that c_e
+PERMUTE_ROWS_NEEDED = 6  # sum of padded_e when it exceeds override_buffer_size, else -1
+PERMUTE_STATUS_LEN = 7
+
+# moe_unpermute
+UNPERMUTE_BAD_ID = 0  # smallest flat slot of the routing map outside [-1, E)
+UNPERMUTE_BAD_ID_VALUE = 1
+UNPERMUTE_BAD_ROW = 2  # smallest flat rowmap entry outside [-1, R)
+UNPERMUTE_BAD_ROW_VALUE = 3
+UNPERMUTE_STATUS_LEN = 4
+
+# element type of the rows that moe_unpermute combines (the rows travel as float32 or as the
+# uint16 bit patterns of a 16-bit float)
+DATA_FLOAT32 = 0
+DATA_BFLOAT16 = 1
+DATA_FLOAT16 = 2
+
+# The combine writes NaN results as these quiet NaNs (the sign and payload of a NaN depend on
+# the hardware, so they are made canonical to keep every backend bit-identical).
+CANONICAL_NAN_FLOAT32 = 0x7FC00000
+CANONICAL_NAN_BFLOAT16 = 0x7FC0
+CANONICAL_NAN_FLOAT16 = 0x7E00

@@ -1,0 +1,373 @@
+"""``moe_permute`` and ``moe_unpermute``: check metadata, pick the backend, run, raise."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _abi
+from ._arrays import array_library, check_contiguous, locate
+from ._contract import (
+    plan_permute,
+    plan_unpermute,
+    raise_for_permute_status,
+    raise_for_unpermute_status,
+)
+
+
+def _shape_of(x):
+    return array_library(x).shape(x)
+
+
+def _dtype_of(x):
+    return array_library(x).dtype(x)
+
+
+def _check_arrays(arrays):
+    """Contiguity of every array and, on the GPU, one device for all of them."""
+    devices = {}
+    for name, x in arrays.items():
+        if x is None:
+            continue
+        check_contiguous(name, x)
+        devices.setdefault(array_library(x).device(x), name)
+    if len(devices) > 1:
+        (device_a, name_a), (device_b, name_b) = list(devices.items())[:2]
+        raise TypeError(
+            f"{name_a} is on {device_a} but {name_b} is on {device_b}: "
+            "pass all arrays on one device"
+        )
+
+
+def _as_bytes(x):
+    """A C-contiguous NumPy array as ``uint8 [rows, row_bytes]`` (the rows' raw bytes)."""
+    return x.view(np.uint8).reshape(x.shape[0], -1)
+
+
+def _load_gpu_backend():
+    from ._gpu import gpu_backend
+
+    return gpu_backend()
+
+
+def moe_permute(
+    hidden_states,
+    scale,
+    expert_routemap_topk,
+    expert_prob_topk,
+    num_experts,
+    tokens_per_expert,
+    padding_alignment,
+    do_gather=True,
+    using_ue8m0_scale=False,
+    return_expert_indices=False,
+    override_buffer_size=-1,
+    name=None,
+    *,
+    validate=True,
+):
+    """Copy every (token, expert) pair into an expert-major, padded buffer ("unzip").
+
+    Expert ``e`` owns rows ``offset_e .. offset_e + padded_e - 1`` of the output, where
+    ``padded_e = ceil(n_e / padding_alignment) * padding_alignment`` and ``n_e`` is
+    ``tokens_per_expert[e]`` (or, under ``override_buffer_size``, the number of tokens the
+    routing map sends to ``e``). Its tokens fill those rows in ascending token index; the
+    remaining rows are padding, set to zero.
+
+    Parameters
+    ----------
+    hidden_states : array of shape (T, H)
+        Token rows: bfloat16, float16, float32, float8_e4m3fn or float8_e5m2. Rows are
+        copied as raw bytes.
+    scale : array of shape (T, S) or None
+        Per-token scales gathered like the rows: float32, or int32 holding four packed UE8M0
+        bytes when ``using_ue8m0_scale=True``. Required for float8 rows with
+        ``do_gather=True``.
+    expert_routemap_topk : array of shape (T, K), int32 or int64
+        Expert id of each top-k slot; -1 marks an empty slot.
+    expert_prob_topk : array of shape (T, K), float32
+        Routing probability of each slot.
+    num_experts : int
+        E >= 1.
+    tokens_per_expert : sequence of E ints
+        Rows reserved for each expert (a capacity). Ignored when
+        ``override_buffer_size >= 0``.
+    padding_alignment : int
+        Each expert's block of rows is padded to a multiple of this many rows (>= 1).
+    do_gather : bool, default True
+        False skips copying rows: ``hidden_states_unzipped`` is an empty (0, H) array and
+        ``scale_unzipped`` an empty (0,) array; the maps are still computed.
+    using_ue8m0_scale : bool, default False
+        The scale holds packed UE8M0 exponents (int32) instead of float32 values.
+    return_expert_indices : bool, default False
+        Also return the owning expert of every row.
+    override_buffer_size : int, default -1
+        If >= 0, allocate exactly this many rows R and count each expert's tokens from the
+        routing map on the device (no host round trip). Rows past the needed ones are padding.
+    name : str, optional
+        Accepted and ignored (PaddlePaddle compatibility).
+    validate : bool, default True
+        Raise ``ValueError`` for bad values (ids outside [-1, E), an expert named twice by
+        one token, counts that differ from ``tokens_per_expert``, ``override_buffer_size``
+        too small). On a GPU this reads one status word back (the call's only sync). With
+        False nothing is checked or synchronised, and bad values follow the documented rules.
+
+    Returns
+    -------
+    hidden_states_unzipped : array of shape (R, H)
+        Expert-major rows, dtype of ``hidden_states``.
+    zipped_expertwise_rowmap : array of shape (T, E), int32
+        Row holding token t for expert e, or -1.
+    token_prob_unzipped : array of shape (R,), float32
+        Probability of the slot that filled each row; 0.0 on padding rows.
+    scale_unzipped : array of shape (R, S), or empty (0,) float32
+        The scale rows, gathered like ``hidden_states_unzipped``.
+    expert_indices : array of shape (R,), int32
+        Only with ``return_expert_indices=True``: owning expert of each filled row, -1 on
+        padding rows.
+
+    Raises
+    ------
+    TypeError
+        Wrong type, dtype or array location (host and device arrays mixed).
+    ValueError
+        Wrong shape or value.
+
+    Examples
+    --------
+    >>> import numpy as np, ml_dtypes
+    >>> from moe_numba import moe_permute
+    >>> x = np.arange(6, dtype=np.float32).reshape(3, 2).astype(ml_dtypes.bfloat16)
+    >>> routes = np.array([[0, 2], [1, -1], [1, 0]], dtype=np.int32)
+    >>> probs = np.full((3, 2), 0.5, dtype=np.float32)
+    >>> rows, rowmap, row_probs, _ = moe_permute(x, None, routes, probs, 3, [2, 2, 1], 2)
+    >>> rowmap
+    array([[ 0, -1,  4],
+           [-1,  2, -1],
+           [ 1,  3, -1]], dtype=int32)
+    """
+    arrays = {
+        "hidden_states": hidden_states,
+        "scale": scale,
+        "expert_routemap_topk": expert_routemap_topk,
+        "expert_prob_topk": expert_prob_topk,
+    }
+    backend = locate(arrays)
+    plan = plan_permute(
+        hidden_states,
+        scale,
+        expert_routemap_topk,
+        expert_prob_topk,
+        num_experts,
+        tokens_per_expert,
+        padding_alignment,
+        do_gather,
+        using_ue8m0_scale,
+        return_expert_indices,
+        override_buffer_size,
+        validate,
+        shape_of=_shape_of,
+        dtype_of=_dtype_of,
+    )
+    _check_arrays(arrays)
+    if backend == "cpu":
+        outputs, status = _permute_cpu(
+            plan, hidden_states, scale, expert_routemap_topk, expert_prob_topk, validate
+        )
+    else:
+        outputs, status = _load_gpu_backend().permute(
+            plan, hidden_states, scale, expert_routemap_topk, expert_prob_topk, validate
+        )
+    if validate:
+        raise_for_permute_status(status, plan)
+    return outputs
+
+
+def _permute_outputs(plan, empty):
+    """Allocate the outputs of ``moe_permute`` with ``empty(shape, dtype)``."""
+    rows = plan.num_rows if plan.do_gather else 0
+    hidden = empty((rows, plan.hidden), plan.hidden_dtype)
+    rowmap = empty((plan.num_tokens, plan.num_experts), np.int32)
+    probs = empty((plan.num_rows,), np.float32)
+    if plan.scale_dtype is not None and plan.do_gather:
+        scale = empty((plan.num_rows, plan.scale_width), plan.scale_dtype)
+    else:
+        scale = empty((0,), np.float32)
+    indices = empty((plan.num_rows,), np.int32) if plan.return_expert_indices else None
+    return hidden, rowmap, probs, scale, indices
+
+
+def _permute_cpu(plan, hidden_states, scale, routemap, probs, validate):
+    import moe_cpu
+
+    hidden, rowmap, row_probs, row_scale, indices = _permute_outputs(plan, np.empty)
+    status = np.empty(_abi.PERMUTE_STATUS_LEN, dtype=np.int64)
+    gather_scale = plan.do_gather and scale is not None
+    moe_cpu.permute(
+        _as_bytes(hidden_states) if plan.do_gather else None,
+        _as_bytes(scale) if gather_scale else None,
+        routemap,
+        probs,
+        plan.capacities,
+        plan.alignment,
+        _as_bytes(hidden) if plan.do_gather else None,
+        _as_bytes(row_scale) if gather_scale else None,
+        rowmap,
+        row_probs,
+        indices,
+        status,
+        validate,
+    )
+    outputs = (hidden, rowmap, row_probs, row_scale)
+    if indices is not None:
+        outputs += (indices,)
+    return outputs, status
+
+
+def moe_unpermute(
+    hidden_states_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+    token_prob_unzipped,
+    total_zipped_tokens,
+    num_experts,
+    using_mix_precision=True,
+    using_weighted_combine=False,
+    name=None,
+    *,
+    validate=True,
+):
+    """Sum each token's expert rows back into one row ("zip"); the inverse of moe_permute.
+
+    For token t the rows ``zipped_expertwise_rowmap[t, e] >= 0`` are combined in ascending
+    expert id e, in a float32 accumulator that starts at +0.0: ``acc + x`` or, weighted,
+    ``fma(x, p, acc)`` with ``p = token_prob_unzipped[row]``. The sum is rounded once to the
+    rows' dtype (round to nearest even); NaN results are written as the canonical quiet NaN.
+
+    Parameters
+    ----------
+    hidden_states_unzipped : array of shape (R, H)
+        Expert rows: bfloat16, float16 or float32.
+    zipped_expertwise_rowmap : array of shape (T, E), int32
+        Row of token t for expert e, or -1 (as returned by ``moe_permute``).
+    expert_routemap_topk : array of shape (T, K), int32 or int64
+        The routing map given to ``moe_permute``.
+    token_prob_unzipped : array of shape (R,) or (R, 1), float32
+        Probability of each row.
+    total_zipped_tokens : int
+        T, the number of tokens to produce.
+    num_experts : int
+        E.
+    using_mix_precision : bool, default True
+        True: accumulate in float32 and round once. False: round the accumulator to the
+        rows' dtype after every row (what the flag means in PaddlePaddle's docs).
+    using_weighted_combine : bool, default False
+        Weight each row by its probability (fused multiply-add).
+    name : str, optional
+        Accepted and ignored (PaddlePaddle compatibility).
+    validate : bool, default True
+        Raise ``ValueError`` for rowmap entries outside [-1, R) and routing ids outside
+        [-1, E); with False they are treated as -1 and nothing is synchronised.
+
+    Returns
+    -------
+    hidden_states : array of shape (T, H)
+        The combined rows, dtype of ``hidden_states_unzipped``; +0.0 for tokens with no rows.
+    expert_prob_topk : array of shape (T, K), float32
+        For each slot naming expert i with a row: ``token_prob_unzipped[rowmap[t, i]]``;
+        otherwise 0.0.
+
+    Raises
+    ------
+    TypeError
+        Wrong type, dtype or array location.
+    ValueError
+        Wrong shape or value.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from moe_numba import moe_unpermute
+    >>> rows = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    >>> rowmap = np.array([[0, 1]], dtype=np.int32)
+    >>> routes = np.array([[1, 0]], dtype=np.int32)
+    >>> probs = np.array([0.25, 0.75], dtype=np.float32)
+    >>> out, slot_probs = moe_unpermute(rows, rowmap, routes, probs, 1, 2,
+    ...                                 using_weighted_combine=True)
+    >>> out
+    array([[2.5, 3.5]], dtype=float32)
+    >>> slot_probs
+    array([[0.75, 0.25]], dtype=float32)
+    """
+    arrays = {
+        "hidden_states_unzipped": hidden_states_unzipped,
+        "zipped_expertwise_rowmap": zipped_expertwise_rowmap,
+        "expert_routemap_topk": expert_routemap_topk,
+        "token_prob_unzipped": token_prob_unzipped,
+    }
+    backend = locate(arrays)
+    plan = plan_unpermute(
+        hidden_states_unzipped,
+        zipped_expertwise_rowmap,
+        expert_routemap_topk,
+        token_prob_unzipped,
+        total_zipped_tokens,
+        num_experts,
+        using_mix_precision,
+        using_weighted_combine,
+        validate,
+        shape_of=_shape_of,
+        dtype_of=_dtype_of,
+    )
+    _check_arrays(arrays)
+    if backend == "cpu":
+        outputs, status = _unpermute_cpu(
+            plan,
+            hidden_states_unzipped,
+            zipped_expertwise_rowmap,
+            expert_routemap_topk,
+            token_prob_unzipped,
+        )
+    else:
+        outputs, status = _load_gpu_backend().unpermute(
+            plan,
+            hidden_states_unzipped,
+            zipped_expertwise_rowmap,
+            expert_routemap_topk,
+            token_prob_unzipped,
+            validate,
+        )
+    if validate:
+        raise_for_unpermute_status(status, plan)
+    return outputs
+
+
+def _unpermute_outputs(plan, empty):
+    """Allocate the outputs of ``moe_unpermute`` with ``empty(shape, dtype)``."""
+    hidden = empty((plan.num_tokens, plan.hidden), plan.dtype)
+    probs = empty((plan.num_tokens, plan.topk), np.float32)
+    return hidden, probs
+
+
+def _kernel_view(x, plan):
+    """float32 rows as they are, 16-bit rows as their uint16 bit patterns."""
+    return x if plan.data_type == _abi.DATA_FLOAT32 else x.view(np.uint16)
+
+
+def _unpermute_cpu(plan, rows, rowmap, routemap, probs):
+    import moe_cpu
+
+    hidden, slot_probs = _unpermute_outputs(plan, np.empty)
+    status = np.empty(_abi.UNPERMUTE_STATUS_LEN, dtype=np.int64)
+    moe_cpu.unpermute(
+        _kernel_view(rows, plan),
+        rowmap,
+        routemap,
+        probs.reshape(-1),
+        _kernel_view(hidden, plan),
+        slot_probs,
+        status,
+        plan.data_type,
+        plan.weighted,
+        plan.mix_precision,
+    )
+    return (hidden, slot_probs), status

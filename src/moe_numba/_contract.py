@@ -1,0 +1,360 @@
+"""The metadata rules of SPEC.md, the layout plan, and the wording of every error.
+
+Everything here looks at shapes, dtypes and Python scalars only: it runs before any work
+starts and never touches array contents. Value errors found by the backends come back as
+status words (:mod:`moe_numba._abi`) and are worded by :func:`raise_for_permute_status` and
+:func:`raise_for_unpermute_status`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from . import _abi
+
+HIDDEN_DTYPES = tuple(
+    np.dtype(d)
+    for d in (
+        ml_dtypes.bfloat16,
+        np.float16,
+        np.float32,
+        ml_dtypes.float8_e4m3fn,
+        ml_dtypes.float8_e5m2,
+    )
+)
+FLOAT8_DTYPES = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
+COMBINE_DTYPES = {
+    np.dtype(np.float32): _abi.DATA_FLOAT32,
+    np.dtype(ml_dtypes.bfloat16): _abi.DATA_BFLOAT16,
+    np.dtype(np.float16): _abi.DATA_FLOAT16,
+}
+ROUTEMAP_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def _names(dtypes):
+    return ", ".join(str(d) for d in dtypes)
+
+
+def check_bool(name, value):
+    """``value`` must be a Python or NumPy bool."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool; got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def check_int(name, value, minimum):
+    """``value`` must be an integer (not a bool) >= ``minimum``; returns it as ``int``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    return int(value)
+
+
+def check_dtype(name, dtype, allowed):
+    """``dtype`` must be one of ``allowed``."""
+    if dtype not in allowed:
+        raise TypeError(f"{name} must have dtype {_names(allowed)}; got {dtype}")
+
+
+def check_shape(name, shape, expected, meaning):
+    """``shape`` must equal ``expected``; ``meaning`` spells the expected shape in symbols."""
+    if tuple(shape) != tuple(expected):
+        raise ValueError(
+            f"{name} must have shape {meaning} = {tuple(expected)}; got {tuple(shape)}"
+        )
+
+
+def check_ndim(name, shape, ndim, meaning):
+    """``shape`` must have ``ndim`` dimensions; ``meaning`` spells them."""
+    if len(shape) != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {meaning}; got shape {tuple(shape)}")
+
+
+def capacities_from(tokens_per_expert, num_experts):
+    """``tokens_per_expert`` as an int64 NumPy array of ``num_experts`` values >= 0."""
+    if tokens_per_expert is None or isinstance(tokens_per_expert, (str, bytes)):
+        raise TypeError(
+            "tokens_per_expert must be a sequence of num_experts ints (or pass "
+            f"override_buffer_size >= 0); got {type(tokens_per_expert).__name__}"
+        )
+    if hasattr(tokens_per_expert, "__cuda_array_interface__") or (
+        type(tokens_per_expert).__module__.startswith(("torch", "cupy"))
+        and getattr(getattr(tokens_per_expert, "device", None), "type", "cpu") != "cpu"
+    ):
+        raise TypeError(
+            "tokens_per_expert must be a host sequence of ints (list, tuple or NumPy array); "
+            f"got a CUDA array ({type(tokens_per_expert).__name__}); use "
+            "override_buffer_size to count on the device"
+        )
+    try:
+        values = np.asarray(tokens_per_expert)
+    except Exception as error:  # e.g. a ragged nested list
+        raise TypeError(
+            f"tokens_per_expert must be a sequence of ints; got {tokens_per_expert!r}"
+        ) from error
+    if values.dtype == np.bool_ or not (
+        np.issubdtype(values.dtype, np.integer) or values.size == 0
+    ):
+        raise TypeError(
+            f"tokens_per_expert must hold ints; got dtype {values.dtype} "
+            f"({type(tokens_per_expert).__name__})"
+        )
+    if values.shape != (num_experts,):
+        raise ValueError(
+            f"tokens_per_expert must hold num_experts = {num_experts} values; "
+            f"got shape {values.shape}"
+        )
+    if values.size and values.min() < 0:
+        e = int(np.argmin(values))
+        raise ValueError(
+            f"tokens_per_expert must be >= 0; got tokens_per_expert[{e}] = {int(values[e])}"
+        )
+    return values.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class PermutePlan:
+    """Shapes of one ``moe_permute`` call, decided from metadata alone."""
+
+    num_tokens: int
+    hidden: int
+    topk: int
+    num_experts: int
+    alignment: int
+    num_rows: int
+    hidden_dtype: np.dtype
+    scale_width: int  # 0 when no scale is given
+    scale_dtype: np.dtype | None
+    capacities: np.ndarray | None  # None under override_buffer_size
+    do_gather: bool
+    return_expert_indices: bool
+
+
+def plan_permute(
+    hidden_states,
+    scale,
+    expert_routemap_topk,
+    expert_prob_topk,
+    num_experts,
+    tokens_per_expert,
+    padding_alignment,
+    do_gather,
+    using_ue8m0_scale,
+    return_expert_indices,
+    override_buffer_size,
+    validate,
+    *,
+    shape_of,
+    dtype_of,
+):
+    """Check the metadata of a ``moe_permute`` call and plan its outputs.
+
+    ``shape_of`` and ``dtype_of`` read an array's shape and (NumPy) dtype, whatever its
+    library. Raises ``TypeError``/``ValueError`` naming the argument.
+    """
+    do_gather = check_bool("do_gather", do_gather)
+    using_ue8m0_scale = check_bool("using_ue8m0_scale", using_ue8m0_scale)
+    return_expert_indices = check_bool("return_expert_indices", return_expert_indices)
+    check_bool("validate", validate)
+    num_experts = check_int("num_experts", num_experts, 1)
+    alignment = check_int("padding_alignment", padding_alignment, 1)
+    override = check_int("override_buffer_size", override_buffer_size, -1)
+
+    hidden_shape = shape_of(hidden_states)
+    check_ndim("hidden_states", hidden_shape, 2, "[num_tokens, hidden]")
+    hidden_dtype = dtype_of(hidden_states)
+    check_dtype("hidden_states", hidden_dtype, HIDDEN_DTYPES)
+    num_tokens, hidden = hidden_shape
+    if hidden < 1:
+        raise ValueError(f"hidden_states must have at least one column; got shape {hidden_shape}")
+
+    routemap_shape = shape_of(expert_routemap_topk)
+    check_ndim("expert_routemap_topk", routemap_shape, 2, "[num_tokens, topk]")
+    check_dtype("expert_routemap_topk", dtype_of(expert_routemap_topk), ROUTEMAP_DTYPES)
+    topk = routemap_shape[1]
+    check_shape("expert_routemap_topk", routemap_shape, (num_tokens, topk), "[num_tokens, topk]")
+    if topk < 1:
+        raise ValueError(f"expert_routemap_topk must have topk >= 1 columns; got {routemap_shape}")
+    check_dtype("expert_prob_topk", dtype_of(expert_prob_topk), (np.dtype(np.float32),))
+    check_shape(
+        "expert_prob_topk", shape_of(expert_prob_topk), (num_tokens, topk), "[num_tokens, topk]"
+    )
+
+    scale_width, scale_dtype = 0, None
+    if scale is not None:
+        scale_dtype = dtype_of(scale)
+        expected = np.dtype(np.int32) if using_ue8m0_scale else np.dtype(np.float32)
+        if scale_dtype != expected:
+            why = "using_ue8m0_scale=True" if using_ue8m0_scale else "using_ue8m0_scale=False"
+            raise TypeError(f"scale must have dtype {expected} with {why}; got {scale_dtype}")
+        scale_shape = shape_of(scale)
+        check_ndim("scale", scale_shape, 2, "[num_tokens, scale_width]")
+        scale_width = scale_shape[1]
+        if scale_shape[0] != num_tokens or scale_width < 1:
+            raise ValueError(
+                f"scale must have shape [num_tokens, scale_width >= 1] with num_tokens = "
+                f"{num_tokens}; got {tuple(scale_shape)}"
+            )
+    elif do_gather and hidden_dtype in FLOAT8_DTYPES:
+        raise ValueError(
+            f"scale is required for float8 hidden_states ({hidden_dtype}) when do_gather=True; "
+            "got None"
+        )
+
+    if override >= 0:
+        capacities, num_rows = None, override
+    else:
+        capacities = capacities_from(tokens_per_expert, num_experts)
+        num_rows = int((-(-capacities // alignment) * alignment).sum())
+    return PermutePlan(
+        num_tokens=num_tokens,
+        hidden=hidden,
+        topk=topk,
+        num_experts=num_experts,
+        alignment=alignment,
+        num_rows=num_rows,
+        hidden_dtype=hidden_dtype,
+        scale_width=scale_width,
+        scale_dtype=scale_dtype,
+        capacities=capacities,
+        do_gather=do_gather,
+        return_expert_indices=return_expert_indices,
+    )
+
+
+@dataclass(frozen=True)
+class UnpermutePlan:
+    """Shapes of one ``moe_unpermute`` call, decided from metadata alone."""
+
+    num_tokens: int
+    hidden: int
+    topk: int
+    num_experts: int
+    num_rows: int
+    dtype: np.dtype
+    data_type: int
+    weighted: bool
+    mix_precision: bool
+
+
+def plan_unpermute(
+    hidden_states_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+    token_prob_unzipped,
+    total_zipped_tokens,
+    num_experts,
+    using_mix_precision,
+    using_weighted_combine,
+    validate,
+    *,
+    shape_of,
+    dtype_of,
+):
+    """Check the metadata of a ``moe_unpermute`` call and plan its outputs."""
+    mix_precision = check_bool("using_mix_precision", using_mix_precision)
+    weighted = check_bool("using_weighted_combine", using_weighted_combine)
+    check_bool("validate", validate)
+    num_tokens = check_int("total_zipped_tokens", total_zipped_tokens, 0)
+    num_experts = check_int("num_experts", num_experts, 1)
+
+    rows_shape = shape_of(hidden_states_unzipped)
+    check_ndim("hidden_states_unzipped", rows_shape, 2, "[rows, hidden]")
+    dtype = dtype_of(hidden_states_unzipped)
+    check_dtype("hidden_states_unzipped", dtype, tuple(COMBINE_DTYPES))
+    num_rows, hidden = rows_shape
+    if hidden < 1:
+        raise ValueError(
+            f"hidden_states_unzipped must have at least one column; got shape {rows_shape}"
+        )
+
+    check_dtype("zipped_expertwise_rowmap", dtype_of(zipped_expertwise_rowmap),
+                (np.dtype(np.int32),))
+    check_shape(
+        "zipped_expertwise_rowmap",
+        shape_of(zipped_expertwise_rowmap),
+        (num_tokens, num_experts),
+        "[total_zipped_tokens, num_experts]",
+    )
+    routemap_shape = shape_of(expert_routemap_topk)
+    check_ndim("expert_routemap_topk", routemap_shape, 2, "[total_zipped_tokens, topk]")
+    check_dtype("expert_routemap_topk", dtype_of(expert_routemap_topk), ROUTEMAP_DTYPES)
+    topk = routemap_shape[1]
+    check_shape(
+        "expert_routemap_topk", routemap_shape, (num_tokens, topk), "[total_zipped_tokens, topk]"
+    )
+    if topk < 1:
+        raise ValueError(f"expert_routemap_topk must have topk >= 1 columns; got {routemap_shape}")
+
+    check_dtype("token_prob_unzipped", dtype_of(token_prob_unzipped), (np.dtype(np.float32),))
+    prob_shape = tuple(shape_of(token_prob_unzipped))
+    if prob_shape not in ((num_rows,), (num_rows, 1)):
+        raise ValueError(
+            f"token_prob_unzipped must have shape [rows] or [rows, 1] with rows = {num_rows} "
+            f"(the rows of hidden_states_unzipped); got {prob_shape}"
+        )
+    return UnpermutePlan(
+        num_tokens=num_tokens,
+        hidden=hidden,
+        topk=topk,
+        num_experts=num_experts,
+        num_rows=num_rows,
+        dtype=dtype,
+        data_type=COMBINE_DTYPES[dtype],
+        weighted=weighted,
+        mix_precision=mix_precision,
+    )
+
+
+def _token_slot(flat, width):
+    return divmod(int(flat), width)
+
+
+def raise_for_permute_status(status, plan: PermutePlan):
+    """Raise the ``ValueError`` that ``status`` (``_abi.PERMUTE_*``) reports, if any."""
+    if status[_abi.PERMUTE_BAD_ID] >= 0:
+        t, k = _token_slot(status[_abi.PERMUTE_BAD_ID], plan.topk)
+        raise ValueError(
+            f"expert_routemap_topk[{t}, {k}] = {int(status[_abi.PERMUTE_BAD_ID_VALUE])} is not "
+            f"an expert id: ids must be -1 or in [0, num_experts={plan.num_experts})"
+        )
+    if status[_abi.PERMUTE_DUPLICATE] >= 0:
+        t, k = _token_slot(status[_abi.PERMUTE_DUPLICATE], plan.topk)
+        raise ValueError(
+            f"expert_routemap_topk[{t}, {k}] = {int(status[_abi.PERMUTE_DUPLICATE_VALUE])} "
+            f"repeats an expert of an earlier slot of token {t}: each token may name an "
+            "expert once"
+        )
+    if status[_abi.PERMUTE_MISMATCH] >= 0:
+        e = int(status[_abi.PERMUTE_MISMATCH])
+        raise ValueError(
+            f"tokens_per_expert[{e}] = {int(plan.capacities[e])} but the routing map sends "
+            f"{int(status[_abi.PERMUTE_MISMATCH_COUNT])} tokens to expert {e}"
+        )
+    if status[_abi.PERMUTE_ROWS_NEEDED] >= 0:
+        raise ValueError(
+            f"override_buffer_size = {plan.num_rows} rows is too small: the routing map needs "
+            f"{int(status[_abi.PERMUTE_ROWS_NEEDED])} rows with padding_alignment = "
+            f"{plan.alignment}"
+        )
+
+
+def raise_for_unpermute_status(status, plan: UnpermutePlan):
+    """Raise the ``ValueError`` that ``status`` (``_abi.UNPERMUTE_*``) reports, if any."""
+    if status[_abi.UNPERMUTE_BAD_ROW] >= 0:
+        t, e = _token_slot(status[_abi.UNPERMUTE_BAD_ROW], plan.num_experts)
+        raise ValueError(
+            f"zipped_expertwise_rowmap[{t}, {e}] = {int(status[_abi.UNPERMUTE_BAD_ROW_VALUE])} "
+            f"is not a row: entries must be -1 or in [0, rows={plan.num_rows})"
+        )
+    if status[_abi.UNPERMUTE_BAD_ID] >= 0:
+        t, k = _token_slot(status[_abi.UNPERMUTE_BAD_ID], plan.topk)
+        raise ValueError(
+            f"expert_routemap_topk[{t}, {k}] = {int(status[_abi.UNPERMUTE_BAD_ID_VALUE])} is "
+            f"not an expert id: ids must be -1 or in [0, num_experts={plan.num_experts})"
+        )

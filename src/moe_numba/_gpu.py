@@ -1,0 +1,139 @@
+"""The GPU side of the API: outputs in the caller's library, then the numba.cuda kernels.
+
+Imported only when a call receives CUDA arrays, so ``import moe_numba`` stays free of numba.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _abi
+from ._arrays import array_library
+
+_BACKEND = None
+
+
+class GPUUnavailableError(RuntimeError):
+    """CUDA arrays were passed but the GPU backend cannot run here."""
+
+
+def gpu_backend():
+    """The GPU backend, loaded on first use, with an explanation if it cannot load."""
+    global _BACKEND
+    if _BACKEND is None:
+        try:
+            from numba import config
+            from numba import cuda
+        except ImportError as error:
+            raise GPUUnavailableError(
+                "CUDA arrays were passed but numba.cuda cannot be imported "
+                f"({error}); install the GPU extra: pip install 'moe-numba[gpu]'"
+            ) from error
+        if not config.ENABLE_CUDASIM and not cuda.is_available():
+            raise GPUUnavailableError(
+                "CUDA arrays were passed but numba.cuda finds no usable GPU/driver. Check "
+                "`nvidia-smi` and that the NVIDIA driver library (libcuda) is on the library "
+                "path; numba.cuda.detect() prints what numba sees. For the CUDA toolkit pieces "
+                "(NVVM, NVRTC) install: pip install 'moe-numba[gpu]'"
+            )
+        _BACKEND = _GPUBackend()
+    return _BACKEND
+
+
+class _Call:
+    """One call's allocations: outputs and scratch in the library of ``like``."""
+
+    def __init__(self, like):
+        self.like = like
+        self.library = array_library(like)
+        self.scratch = []  # kept alive until the call returns (allocators are stream-ordered)
+
+    def empty(self, shape, dtype):
+        return self.library.empty(shape, dtype, self.like)
+
+    def alloc(self, nbytes):
+        # rounded up so that every scratch buffer can be read as 16-byte words
+        scratch = self.empty((max(16, -(-nbytes // 16) * 16),), np.uint8)
+        self.scratch.append(scratch)
+        return self.library.buffer(scratch)
+
+    @staticmethod
+    def buffer(x):
+        return None if x is None else array_library(x).buffer(x)
+
+
+class _GPUBackend:
+    def __init__(self):
+        from .cuda import permute, unpermute
+
+        self._permute = permute.permute
+        self._unpermute = unpermute.unpermute
+
+    def permute(self, plan, hidden_states, scale, routemap, probs, validate):
+        from ._api import _permute_outputs
+
+        call = _Call(hidden_states)
+        hidden, rowmap, row_probs, row_scale, indices = _permute_outputs(plan, call.empty)
+        status = call.empty((_abi.PERMUTE_STATUS_LEN,), np.int64)
+        gather_scale = plan.do_gather and scale is not None
+        capacity = None
+        if plan.capacities is not None:
+            capacity_array = call.library.upload(plan.capacities, hidden_states)
+            call.scratch.append(capacity_array)
+            capacity = call.buffer(capacity_array)
+        hidden_itemsize = plan.hidden_dtype.itemsize
+        self._permute(
+            call.buffer(hidden_states) if plan.do_gather else None,
+            call.buffer(scale) if gather_scale else None,
+            call.buffer(routemap),
+            call.buffer(probs),
+            capacity,
+            num_tokens=plan.num_tokens,
+            topk=plan.topk,
+            num_experts=plan.num_experts,
+            alignment=plan.alignment,
+            num_rows=plan.num_rows,
+            hidden_row_bytes=plan.hidden * hidden_itemsize,
+            scale_row_bytes=plan.scale_width * 4 if gather_scale else 0,
+            routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
+            out_hidden=call.buffer(hidden) if plan.do_gather else None,
+            out_scale=call.buffer(row_scale) if gather_scale else None,
+            out_rowmap=call.buffer(rowmap),
+            out_probs=call.buffer(row_probs),
+            out_indices=call.buffer(indices),
+            status=call.buffer(status),
+            alloc=call.alloc,
+            stream=call.library.stream(hidden_states),
+        )
+        outputs = (hidden, rowmap, row_probs, row_scale)
+        if indices is not None:
+            outputs += (indices,)
+        return outputs, (call.library.to_host(status) if validate else None)
+
+    def unpermute(self, plan, rows, rowmap, routemap, probs, validate):
+        from ._api import _unpermute_outputs
+
+        call = _Call(rows)
+        hidden, slot_probs = _unpermute_outputs(plan, call.empty)
+        status = call.empty((_abi.UNPERMUTE_STATUS_LEN,), np.int64)
+        self._unpermute(
+            call.buffer(rows),
+            call.buffer(rowmap),
+            call.buffer(routemap),
+            call.buffer(probs),
+            num_tokens=plan.num_tokens,
+            num_rows=plan.num_rows,
+            hidden=plan.hidden,
+            num_experts=plan.num_experts,
+            topk=plan.topk,
+            data_type=plan.data_type,
+            routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
+            weighted=plan.weighted,
+            mix_precision=plan.mix_precision,
+            out_hidden=call.buffer(hidden),
+            out_probs=call.buffer(slot_probs),
+            status=call.buffer(status),
+            alloc=call.alloc,
+            stream=call.library.stream(rows),
+        )
+        return (hidden, slot_probs), (call.library.to_host(status) if validate else None)

@@ -1,0 +1,226 @@
+"""The NumPy oracle: SPEC.md written as slow, plain Python.
+
+Every backend is tested against these two functions, bit for bit. They favour clarity over
+speed (Python loops over tokens and slots) and never raise for bad values: they return the
+status words of :mod:`moe_numba._abi` next to the outputs, as the backends do.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from . import _abi
+
+_CANONICAL_NAN_BITS = {
+    np.dtype(np.float32): (np.uint32, _abi.CANONICAL_NAN_FLOAT32),
+    np.dtype(ml_dtypes.bfloat16): (np.uint16, _abi.CANONICAL_NAN_BFLOAT16),
+    np.dtype(np.float16): (np.uint16, _abi.CANONICAL_NAN_FLOAT16),
+}
+
+
+def routed_experts(routemap_row, num_experts):
+    """Map expert -> first top-k slot for one token; also the bad and repeated slots.
+
+    Returns ``(routes, bad, repeated)``: ``routes`` maps each expert the token counts for to the
+    lowest slot naming it, ``bad`` lists ``(k, id)`` of ids outside [-1, E) and ``repeated``
+    lists ``(k, id)`` of later slots naming an expert again.
+    """
+    routes, bad, repeated = {}, [], []
+    for k, expert in enumerate(int(i) for i in routemap_row):
+        if expert == -1:
+            continue
+        if not 0 <= expert < num_experts:
+            bad.append((k, expert))
+        elif expert in routes:
+            repeated.append((k, expert))
+        else:
+            routes[expert] = k
+    return routes, bad, repeated
+
+
+def padded_rows(capacities, padding_alignment):
+    """``ceil(n_e / A) * A`` for every expert, as int64."""
+    n = np.asarray(capacities, dtype=np.int64)
+    return -(-n // padding_alignment) * padding_alignment
+
+
+def permute(
+    hidden_states,
+    scale,
+    expert_routemap_topk,
+    expert_prob_topk,
+    num_experts,
+    tokens_per_expert,
+    padding_alignment,
+    do_gather=True,
+    return_expert_indices=False,
+    override_buffer_size=-1,
+):
+    """Reference ``moe_permute`` on NumPy arrays.
+
+    Returns ``(outputs, status)`` where ``outputs`` is the tuple ``moe_permute`` returns and
+    ``status`` the int64 status words (``_abi.PERMUTE_*``).
+    """
+    routemap = np.asarray(expert_routemap_topk)
+    probs = np.asarray(expert_prob_topk, dtype=np.float32)
+    num_tokens, topk = routemap.shape
+    status = np.full(_abi.PERMUTE_STATUS_LEN, -1, dtype=np.int64)
+
+    routes_per_token = []
+    for t in range(num_tokens):
+        routes, bad, repeated = routed_experts(routemap[t], num_experts)
+        routes_per_token.append(routes)
+        if bad and status[_abi.PERMUTE_BAD_ID] == -1:
+            status[_abi.PERMUTE_BAD_ID] = t * topk + bad[0][0]
+            status[_abi.PERMUTE_BAD_ID_VALUE] = bad[0][1]
+        if repeated and status[_abi.PERMUTE_DUPLICATE] == -1:
+            status[_abi.PERMUTE_DUPLICATE] = t * topk + repeated[0][0]
+            status[_abi.PERMUTE_DUPLICATE_VALUE] = repeated[0][1]
+
+    counts = np.zeros(num_experts, dtype=np.int64)
+    for routes in routes_per_token:
+        for expert in routes:
+            counts[expert] += 1
+
+    override = override_buffer_size >= 0
+    capacities = counts if override else np.asarray(tokens_per_expert, dtype=np.int64)
+    padded = padded_rows(capacities, padding_alignment)
+    offsets = np.concatenate([[0], np.cumsum(padded)])
+    rows_needed = int(offsets[-1])
+    num_rows = override_buffer_size if override else rows_needed
+    if override and rows_needed > num_rows:
+        status[_abi.PERMUTE_ROWS_NEEDED] = rows_needed
+    if not override:
+        mismatched = np.flatnonzero(counts != capacities)
+        if mismatched.size:
+            status[_abi.PERMUTE_MISMATCH] = mismatched[0]
+            status[_abi.PERMUTE_MISMATCH_COUNT] = counts[mismatched[0]]
+
+    rowmap = np.full((num_tokens, num_experts), -1, dtype=np.int32)
+    probs_unzipped = np.zeros(num_rows, dtype=np.float32)
+    expert_indices = np.full(num_rows, -1, dtype=np.int32)
+    source_token = np.full(num_rows, -1, dtype=np.int64)
+    rank = np.zeros(num_experts, dtype=np.int64)
+    for t, routes in enumerate(routes_per_token):
+        for expert, k in routes.items():
+            r = rank[expert]
+            rank[expert] += 1
+            row = offsets[expert] + r
+            if r < capacities[expert] and row < num_rows:
+                rowmap[t, expert] = row
+                probs_unzipped[row] = probs[t, k]
+                expert_indices[row] = expert
+                source_token[row] = t
+
+    hidden_states = np.asarray(hidden_states)
+    filled = source_token >= 0
+    if do_gather:
+        hidden_unzipped = np.zeros((num_rows, hidden_states.shape[1]), hidden_states.dtype)
+        hidden_unzipped[filled] = hidden_states[source_token[filled]]
+    else:
+        hidden_unzipped = np.zeros((0, hidden_states.shape[1]), hidden_states.dtype)
+    if scale is not None and do_gather:
+        scale = np.asarray(scale)
+        scale_unzipped = np.zeros((num_rows, scale.shape[1]), scale.dtype)
+        scale_unzipped[filled] = scale[source_token[filled]]
+    else:
+        scale_unzipped = np.zeros(0, np.float32)
+
+    outputs = (hidden_unzipped, rowmap, probs_unzipped, scale_unzipped)
+    if return_expert_indices:
+        outputs += (expert_indices,)
+    return outputs, status
+
+
+def fma_float32(x, y, z):
+    """Correctly rounded float32 ``x * y + z`` (one rounding), element-wise.
+
+    The product of two float32 values is exact in float64. The float64 sum is then rounded
+    *to odd* (an inexact result takes the neighbour with an odd last bit, found with the
+    exact error of TwoSum), and rounding that to float32 is correct because float64 has more
+    than 24 + 2 bits.
+    """
+    x, y, z = (np.asarray(a, dtype=np.float32).astype(np.float64) for a in (x, y, z))
+    product = x * y
+    total = product + z
+    with np.errstate(invalid="ignore", over="ignore"):
+        b = total - product
+        error = (product - (total - b)) + (z - b)
+        last_bit_even = (total.view(np.int64) & 1) == 0
+        inexact = np.isfinite(total) & (error != 0) & last_bit_even
+        toward = np.where(error > 0, np.inf, -np.inf)
+    total = np.where(inexact, np.nextafter(total, toward), total)
+    return total.astype(np.float32)
+
+
+def round_to(dtype, values):
+    """Round float32 ``values`` to ``dtype`` (nearest even), NaN made canonical."""
+    dtype = np.dtype(dtype)
+    with np.errstate(over="ignore"):  # overflow to infinity is the defined result
+        rounded = np.asarray(values, dtype=np.float32).astype(dtype)
+    bits_type, nan_bits = _CANONICAL_NAN_BITS[dtype]
+    bits = rounded.view(bits_type).copy()
+    bits[np.isnan(rounded)] = nan_bits
+    return bits.view(dtype)
+
+
+def unpermute(
+    hidden_states_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+    token_prob_unzipped,
+    total_zipped_tokens,
+    num_experts,
+    using_mix_precision=True,
+    using_weighted_combine=False,
+):
+    """Reference ``moe_unpermute`` on NumPy arrays.
+
+    Returns ``((hidden_states, expert_prob_topk), status)`` with the int64 status words
+    ``_abi.UNPERMUTE_*``.
+    """
+    rows = np.asarray(hidden_states_unzipped)
+    rowmap = np.asarray(zipped_expertwise_rowmap)
+    routemap = np.asarray(expert_routemap_topk)
+    probs = np.asarray(token_prob_unzipped, dtype=np.float32).reshape(-1)
+    num_rows, hidden = rows.shape
+    topk = routemap.shape[1]
+    status = np.full(_abi.UNPERMUTE_STATUS_LEN, -1, dtype=np.int64)
+
+    bad_rows = np.flatnonzero((rowmap < -1) | (rowmap >= num_rows))
+    if bad_rows.size:
+        status[_abi.UNPERMUTE_BAD_ROW] = bad_rows[0]
+        status[_abi.UNPERMUTE_BAD_ROW_VALUE] = rowmap.reshape(-1)[bad_rows[0]]
+    bad_ids = np.flatnonzero((routemap < -1) | (routemap >= num_experts))
+    if bad_ids.size:
+        status[_abi.UNPERMUTE_BAD_ID] = bad_ids[0]
+        status[_abi.UNPERMUTE_BAD_ID_VALUE] = routemap.reshape(-1)[bad_ids[0]]
+
+    def row_of(t, expert):
+        row = int(rowmap[t, expert])
+        return row if 0 <= row < num_rows else -1
+
+    combined = np.zeros((total_zipped_tokens, hidden), dtype=rows.dtype)
+    for t in range(total_zipped_tokens):
+        acc = np.zeros(hidden, dtype=np.float32)
+        for expert in range(num_experts):  # ascending expert id, not top-k order
+            row = row_of(t, expert)
+            if row < 0:
+                continue
+            x = rows[row].astype(np.float32)
+            if using_weighted_combine:
+                acc = fma_float32(x, probs[row], acc)
+            else:
+                acc = acc + x
+            if not using_mix_precision:
+                acc = round_to(rows.dtype, acc).astype(np.float32)
+        combined[t] = round_to(rows.dtype, acc)
+
+    prob_topk = np.zeros((total_zipped_tokens, topk), dtype=np.float32)
+    for t in range(total_zipped_tokens):
+        for k in range(topk):
+            expert = int(routemap[t, k])
+            if 0 <= expert < num_experts and row_of(t, expert) >= 0:
+                prob_topk[t, k] = probs[row_of(t, expert)]
+    return (combined, prob_topk), status

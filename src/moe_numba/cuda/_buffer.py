@@ -1,0 +1,37 @@
+"""What the GPU backend sees of a CUDA array: its address and size, never its library."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class DeviceBuffer:
+    """A C-contiguous CUDA array reduced to what a kernel launch needs.
+
+    Parameters
+    ----------
+    ptr : int
+        Device address of the first element (may be 0 when ``nbytes == 0``).
+    nbytes : int
+        Size of the array in bytes.
+    sim_array : numpy.ndarray or None
+        Under the CUDA simulator only: the host array that backs the simulated device array.
+        Simulated kernels index it like device memory.
+    """
+
+    __slots__ = ("nbytes", "ptr", "sim_array")
+
+    def __init__(self, ptr: int, nbytes: int, sim_array: np.ndarray | None = None):
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.sim_array = sim_array
+
+    def kernel_arg(self, dtype):
+        """The argument to pass for a 1-D pointer parameter of element type ``dtype``.
+
+        On a GPU this is the raw address (the kernels take ``CPointer`` parameters); in the
+        simulator it is a flat view of the backing array with that element type.
+        """
+        if self.sim_array is None:
+            return self.ptr
+        return self.sim_array.reshape(-1).view(np.uint8).view(dtype)
