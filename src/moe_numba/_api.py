@@ -40,7 +40,7 @@ def _check_arrays(arrays):
 
 def _as_bytes(x):
     """A C-contiguous NumPy array as ``uint8 [rows, row_bytes]`` (the rows' raw bytes)."""
-    return x.view(np.uint8).reshape(x.shape[0], -1)
+    return x.view(np.uint8).reshape(x.shape[0], x.shape[1] * x.dtype.itemsize)
 
 
 def _load_gpu_backend():

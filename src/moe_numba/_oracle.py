@@ -142,16 +142,16 @@ def fma_float32(x, y, z):
     than 24 + 2 bits.
     """
     x, y, z = (np.asarray(a, dtype=np.float32).astype(np.float64) for a in (x, y, z))
-    product = x * y
-    total = product + z
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf and overflow are defined
+        product = x * y
+        total = product + z
         b = total - product
         error = (product - (total - b)) + (z - b)
         last_bit_even = (total.view(np.int64) & 1) == 0
         inexact = np.isfinite(total) & (error != 0) & last_bit_even
         toward = np.where(error > 0, np.inf, -np.inf)
-    total = np.where(inexact, np.nextafter(total, toward), total)
-    return total.astype(np.float32)
+        total = np.where(inexact, np.nextafter(total, toward), total)
+        return total.astype(np.float32)
 
 
 def round_to(dtype, values):
@@ -212,7 +212,8 @@ def unpermute(
             if using_weighted_combine:
                 acc = fma_float32(x, probs[row], acc)
             else:
-                acc = acc + x
+                with np.errstate(invalid="ignore", over="ignore"):
+                    acc = acc + x
             if not using_mix_precision:
                 acc = round_to(rows.dtype, acc).astype(np.float32)
         combined[t] = round_to(rows.dtype, acc)

@@ -1,0 +1,160 @@
+"""Block-level primitives for the kernels: flag compaction, min reduction, exclusive scan.
+
+On a GPU they are built from warp intrinsics (``ballot_sync``, ``shfl_*_sync``) plus one
+small shared array. numba's CUDA simulator has no warp intrinsics, so when
+``numba.config.ENABLE_CUDASIM`` is set the same names are bound to shared-memory versions
+(slow, obviously correct). The choice is made once, at import.
+
+Rules for every function here (both versions):
+
+- every thread of the block calls it, in uniform control flow (no early ``return`` before);
+- the block is one-dimensional and its size a multiple of 32 (the launchers ensure it);
+- ``tmp`` is a shared array of at least :data:`TMP_WORDS` elements of the value's type
+  (int64 for the scans and reductions here); the kernels allocate it as
+  ``cuda.shared.array(TMP_WORDS, int64)``;
+- each function synchronises the block before it returns, so ``tmp`` may be reused at once.
+"""
+
+from __future__ import annotations
+
+from numba import config, cuda
+
+SIM = bool(config.ENABLE_CUDASIM)
+
+# shared scratch one primitive needs: one slot per warp on a GPU, one per thread in the
+# simulator (whose blocks stay small)
+TMP_WORDS = 1024 if SIM else 32
+
+FULL_MASK = 0xFFFFFFFF
+BIG = 0x7FFFFFFFFFFFFFFF  # "no index yet" for min reductions
+
+
+def device(fn):
+    """``cuda.jit(device=True)``, force-inlined on a GPU (the simulator takes no such flag)."""
+    if SIM:
+        return cuda.jit(device=True)(fn)
+    return cuda.jit(device=True, forceinline=True)(fn)
+
+
+if not SIM:
+
+    @device
+    def block_flag_prefix(flag, tmp):
+        """(number of flagged threads below this one, number of flagged threads in the block)."""
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        nwarps = cuda.blockDim.x >> 5
+        bits = cuda.ballot_sync(FULL_MASK, flag)
+        below = cuda.popc(bits & ((1 << lane) - 1))
+        if lane == 0:
+            tmp[warp] = cuda.popc(bits)
+        cuda.syncthreads()
+        base = 0
+        total = 0
+        for w in range(nwarps):
+            c = tmp[w]
+            if w < warp:
+                base += c
+            total += c
+        cuda.syncthreads()
+        return base + below, total
+
+    @device
+    def block_min_i64(value, tmp):
+        """Minimum of an int64 over the block, returned to every thread."""
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        nwarps = cuda.blockDim.x >> 5
+        v = value
+        d = 16
+        while d > 0:
+            o = cuda.shfl_down_sync(FULL_MASK, v, d)
+            if o < v:
+                v = o
+            d >>= 1
+        if lane == 0:
+            tmp[warp] = v
+        cuda.syncthreads()
+        m = tmp[0]
+        for w in range(1, nwarps):
+            o = tmp[w]
+            if o < m:
+                m = o
+        cuda.syncthreads()
+        return m
+
+    @device
+    def block_exclusive_scan_i64(value, tmp):
+        """(exclusive prefix sum over the block in thread order, block total), int64."""
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        nwarps = cuda.blockDim.x >> 5
+        x = value
+        d = 1
+        while d < 32:
+            y = cuda.shfl_up_sync(FULL_MASK, x, d)
+            if lane >= d:
+                x += y
+            d <<= 1
+        if lane == 31:
+            tmp[warp] = x
+        cuda.syncthreads()
+        base = 0
+        total = 0
+        for w in range(nwarps):
+            c = tmp[w]
+            if w < warp:
+                base += c
+            total += c
+        cuda.syncthreads()
+        return base + x - value, total
+
+else:
+
+    @device
+    def block_flag_prefix(flag, tmp):
+        """(number of flagged threads below this one, number of flagged threads in the block)."""
+        tid = cuda.threadIdx.x
+        tmp[tid] = 1 if flag else 0
+        cuda.syncthreads()
+        base = 0
+        total = 0
+        for i in range(cuda.blockDim.x):
+            c = tmp[i]
+            if i < tid:
+                base += c
+            total += c
+        cuda.syncthreads()
+        return base, total
+
+    @device
+    def block_min_i64(value, tmp):
+        """Minimum of an int64 over the block, returned to every thread."""
+        tid = cuda.threadIdx.x
+        tmp[tid] = value
+        cuda.syncthreads()
+        m = tmp[0]
+        for i in range(1, cuda.blockDim.x):
+            if tmp[i] < m:
+                m = tmp[i]
+        cuda.syncthreads()
+        return m
+
+    @device
+    def block_exclusive_scan_i64(value, tmp):
+        """(exclusive prefix sum over the block in thread order, block total), int64."""
+        tid = cuda.threadIdx.x
+        tmp[tid] = value
+        cuda.syncthreads()
+        base = 0
+        total = 0
+        for i in range(cuda.blockDim.x):
+            c = tmp[i]
+            if i < tid:
+                base += c
+            total += c
+        cuda.syncthreads()
+        return base, total
