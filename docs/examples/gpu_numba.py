@@ -3,8 +3,6 @@
 Needs a CUDA GPU; ``python docs/examples/gpu_numba.py`` says so and skips otherwise.
 """
 
-import numpy as np
-
 
 def skip_reason():
     """Why this example cannot run here, or None."""
@@ -20,6 +18,7 @@ def skip_reason():
 def main():
     # [start]
     import ml_dtypes
+    import numpy as np
     from numba import cuda
 
     from moe_numba import moe_permute

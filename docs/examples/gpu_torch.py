@@ -4,8 +4,6 @@ Needs PyTorch with a CUDA GPU; ``python docs/examples/gpu_torch.py`` says so and
 otherwise. Run on a GPU machine, it asserts that the GPU results equal the CPU backend's bits.
 """
 
-import numpy as np
-
 
 def skip_reason():
     """Why this example cannot run here, or None."""
@@ -48,7 +46,7 @@ def main():
         tokens_per_expert=tokens_per_expert,
         padding_alignment=128,
     )
-    assert isinstance(rows, torch.Tensor) and rows.device == device  # torch in, torch out
+    assert isinstance(rows, torch.Tensor) and rows.device == hidden_states.device  # torch out
 
     combined, prob_topk = moe_unpermute(
         rows,
@@ -64,6 +62,7 @@ def main():
     # [start-compare]
     # The CPU backend gives the same bits (bf16 crosses to NumPy through an int16 view).
     import ml_dtypes
+    import numpy as np
 
     def to_numpy(t):
         if t.dtype == torch.bfloat16:

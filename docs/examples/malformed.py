@@ -3,6 +3,7 @@
 Run it with ``python docs/examples/malformed.py``; it asserts every rule it shows.
 """
 
+# [start-helpers]
 import numpy as np
 
 from moe_numba import moe_permute, moe_unpermute
@@ -34,6 +35,8 @@ def raises_value_error(*args, **kwargs):
         return str(error)
     raise AssertionError("expected a ValueError")
 
+
+# [end-helpers]
 
 # [start-bad-id]
 # An id outside [0, num_experts) other than -1: the slot counts as -1.

@@ -3,6 +3,7 @@
 Run it with ``python docs/examples/threads.py``; it asserts bit-identical results.
 """
 
+# [start]
 import ml_dtypes
 import numpy as np
 
@@ -28,7 +29,6 @@ def run():
     return rows.view(np.uint16), rowmap, combined.view(np.uint16)
 
 
-# [start]
 print("OpenMP built in:", moe_cpu.openmp_enabled())
 print("threads:", moe_cpu.get_num_threads())  # OMP_NUM_THREADS or the core count
 
