@@ -16,8 +16,9 @@ COMBINE_DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
 FLOAT8 = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
 
 
-def random_routing(rng, num_tokens, topk, num_experts, *, dtype=np.int32, bad=0.0,
-                   repeats=0.0, empty=0.25):
+def random_routing(
+    rng, num_tokens, topk, num_experts, *, dtype=np.int32, bad=0.0, repeats=0.0, empty=0.25
+):
     """A [T, K] routing map of distinct experts per token, with -1 slots.
 
     ``bad`` and ``repeats`` are the fractions of slots overwritten with ids outside
@@ -30,9 +31,11 @@ def random_routing(rng, num_tokens, topk, num_experts, *, dtype=np.int32, bad=0.
         routemap[t, slots] = rng.choice(num_experts, used, replace=False)
     if bad:
         mask = rng.random(routemap.shape) < bad
-        wrong = np.where(rng.random(routemap.shape) < 0.5,
-                         rng.integers(-50, -1, routemap.shape),
-                         rng.integers(num_experts, num_experts + 50, routemap.shape))
+        wrong = np.where(
+            rng.random(routemap.shape) < 0.5,
+            rng.integers(-50, -1, routemap.shape),
+            rng.integers(num_experts, num_experts + 50, routemap.shape),
+        )
         routemap[mask] = wrong[mask]
     if repeats and topk > 1:
         for t in np.flatnonzero(rng.random(num_tokens) < repeats):

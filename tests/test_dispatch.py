@@ -6,18 +6,21 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from test_errors import permute_defaults, unpermute_defaults
 
 from moe_numba import moe_permute, moe_unpermute
 from moe_numba._arrays import is_cuda_array, locate
+from test_errors import permute_defaults, unpermute_defaults
 
 
 def test_import_is_cheap():
     """Importing moe_numba loads neither numba nor any GPU library."""
-    code = ("import sys, moe_numba; "
-            "print(sorted(m for m in ('numba', 'torch', 'cupy') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
+    code = (
+        "import sys, moe_numba; "
+        "print(sorted(m for m in ('numba', 'torch', 'cupy') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -31,8 +34,11 @@ def test_mixed_host_and_device_is_a_type_error(backend):
         pytest.skip("needs a device backend")
     args = permute_defaults()
     args["expert_routemap_topk"] = backend.to_device(args["expert_routemap_topk"])
-    with pytest.raises(TypeError, match=r"hidden_states is a numpy.ndarray \(host array\) but "
-                                        r"expert_routemap_topk is a .* \(CUDA array\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"hidden_states is a numpy.ndarray \(host array\) but "
+        r"expert_routemap_topk is a .* \(CUDA array\)",
+    ):
         moe_permute(**args)
     args = unpermute_defaults()
     args["hidden_states_unzipped"] = backend.to_device(args["hidden_states_unzipped"])
@@ -41,8 +47,10 @@ def test_mixed_host_and_device_is_a_type_error(backend):
 
 
 def test_outputs_are_of_the_callers_kind(backend):
-    args = {k: backend.to_device(v) if isinstance(v, np.ndarray) else v
-            for k, v in permute_defaults().items()}
+    args = {
+        k: backend.to_device(v) if isinstance(v, np.ndarray) else v
+        for k, v in permute_defaults().items()
+    }
     outputs = moe_permute(**args, return_expert_indices=True)
     for out in outputs:
         assert type(out) is type(args["hidden_states"])
@@ -53,6 +61,7 @@ def test_torch_cpu_tensor_is_refused():
     torch = pytest.importorskip("torch")
     args = permute_defaults()
     args["expert_prob_topk"] = torch.from_numpy(args["expert_prob_topk"])
-    with pytest.raises(TypeError, match="expert_prob_topk must be a NumPy array or a CUDA array"
-                                        ".*torch CPU tensor"):
+    with pytest.raises(
+        TypeError, match="expert_prob_topk must be a NumPy array or a CUDA array.*torch CPU tensor"
+    ):
         moe_permute(**args)

@@ -28,13 +28,18 @@ def exact_fma_float32(x, y, z):
 def test_fma_is_correctly_rounded():
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((2, 4000)).astype(np.float32)
-    z = np.concatenate([
-        rng.standard_normal(2000).astype(np.float32),
-        (-(x[2000:].astype(np.float64) * y[2000:]) * (1 + 1e-7 * rng.standard_normal(2000)))
-        .astype(np.float32),  # near-cancellation, where one rounding matters
-    ])
+    z = np.concatenate(
+        [
+            rng.standard_normal(2000).astype(np.float32),
+            (
+                -(x[2000:].astype(np.float64) * y[2000:]) * (1 + 1e-7 * rng.standard_normal(2000))
+            ).astype(np.float32),  # near-cancellation, where one rounding matters
+        ]
+    )
     got = _oracle.fma_float32(x, y, z)
-    want = np.array([exact_fma_float32(a, b, c) for a, b, c in zip(x, y, z)], np.float32)
+    want = np.array(
+        [exact_fma_float32(a, b, c) for a, b, c in zip(x, y, z, strict=True)], np.float32
+    )
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     naive = (x * y + z).view(np.uint32)
     assert (naive != want.view(np.uint32)).any(), "the test must separate fma from mul+add"
@@ -49,9 +54,14 @@ def test_fma_special_values():
     assert got[4] == 0 and not np.signbit(got[4])
 
 
-@pytest.mark.parametrize("dtype, bits", [(np.float32, _abi.CANONICAL_NAN_FLOAT32),
-                                         (ml_dtypes.bfloat16, _abi.CANONICAL_NAN_BFLOAT16),
-                                         (np.float16, _abi.CANONICAL_NAN_FLOAT16)])
+@pytest.mark.parametrize(
+    "dtype, bits",
+    [
+        (np.float32, _abi.CANONICAL_NAN_FLOAT32),
+        (ml_dtypes.bfloat16, _abi.CANONICAL_NAN_BFLOAT16),
+        (np.float16, _abi.CANONICAL_NAN_FLOAT16),
+    ],
+)
 def test_round_to_makes_nan_canonical(dtype, bits):
     values = np.array([-np.nan, 1.5, np.inf, 70000.0], np.float32)
     values[0] = np.frombuffer(np.uint32(0xFFC12345).tobytes(), np.float32)[0]

@@ -3,6 +3,9 @@
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from _cases import (
     FLOAT8,
     HIDDEN_DTYPES,
@@ -12,9 +15,6 @@ from _cases import (
     random_probs,
     random_routing,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from moe_numba import _oracle, moe_permute
 
 OUTPUT_NAMES = (
@@ -26,8 +26,9 @@ OUTPUT_NAMES = (
 )
 
 
-def permute_on(backend, hidden, scale, routemap, probs, num_experts, tokens_per_expert,
-               alignment, **flags):
+def permute_on(
+    backend, hidden, scale, routemap, probs, num_experts, tokens_per_expert, alignment, **flags
+):
     """Run moe_permute on ``backend``'s arrays; outputs come back as NumPy arrays."""
     dev = backend.to_device
     outputs = moe_permute(
@@ -43,20 +44,28 @@ def permute_on(backend, hidden, scale, routemap, probs, num_experts, tokens_per_
     return tuple(backend.to_host(x) for x in outputs)
 
 
-def check_against_oracle(backend, hidden, scale, routemap, probs, num_experts,
-                         tokens_per_expert, alignment, **flags):
+def check_against_oracle(
+    backend, hidden, scale, routemap, probs, num_experts, tokens_per_expert, alignment, **flags
+):
     """Outputs of ``backend`` equal the oracle's in every bit; returns them."""
     oracle_flags = {k: v for k, v in flags.items() if k not in ("validate", "using_ue8m0_scale")}
     expected, status = _oracle.permute(
-        hidden, scale, routemap, probs, num_experts, tokens_per_expert, alignment,
+        hidden,
+        scale,
+        routemap,
+        probs,
+        num_experts,
+        tokens_per_expert,
+        alignment,
         **oracle_flags,
     )
     if flags.get("validate", True):
         assert (status == -1).all(), f"case meant to be valid has status {status}"
-    actual = permute_on(backend, hidden, scale, routemap, probs, num_experts,
-                        tokens_per_expert, alignment, **flags)
+    actual = permute_on(
+        backend, hidden, scale, routemap, probs, num_experts, tokens_per_expert, alignment, **flags
+    )
     assert len(actual) == len(expected)
-    for name, a, b in zip(OUTPUT_NAMES, actual, expected):
+    for name, a, b in zip(OUTPUT_NAMES[: len(actual)], actual, expected, strict=True):
         assert_same_bits(a, b, name)
     return actual
 
@@ -76,8 +85,9 @@ def test_paddle_docs_example(backend):
     assert rows.shape == (6, 128)
     np.testing.assert_array_equal(rowmap, [[0, -1, 4], [-1, 2, -1], [-1, 3, -1]])
     np.testing.assert_array_equal(indices, [0, -1, 1, 1, 2, -1])
-    np.testing.assert_array_equal(row_probs, [probs[0, 5], 0, probs[1, 3], probs[2, 0],
-                                              probs[0, 1], 0])
+    np.testing.assert_array_equal(
+        row_probs, [probs[0, 5], 0, probs[1, 3], probs[2, 0], probs[0, 1], 0]
+    )
     assert_same_bits(rows[[0, 2, 3, 4]], hidden[[0, 1, 2, 0]], "rows")
     assert not rows[[1, 5]].view(np.uint16).any()
     assert scale.shape == (0,) and scale.dtype == np.float32
@@ -113,8 +123,15 @@ def build_permute_case(case):
     rng = np.random.default_rng(case["seed"])
     t, h, e, k = case["num_tokens"], case["hidden"], case["num_experts"], case["topk"]
     malformed = case["mode"] == "malformed"
-    routemap = random_routing(rng, t, k, e, dtype=case["routemap_dtype"],
-                              bad=0.1 if malformed else 0.0, repeats=0.2 if malformed else 0.0)
+    routemap = random_routing(
+        rng,
+        t,
+        k,
+        e,
+        dtype=case["routemap_dtype"],
+        bad=0.1 if malformed else 0.0,
+        repeats=0.2 if malformed else 0.0,
+    )
     counts = counts_of(routemap, e)
     hidden = random_bits(rng, (t, h), case["dtype"])
     scale = None
@@ -158,20 +175,41 @@ def test_every_dtype_keeps_every_bit(backend, dtype):
     routemap = random_routing(rng, t, k, e)
     hidden = random_bits(rng, (t, h), dtype)  # NaN payloads, -0.0, subnormals
     scale = random_bits(rng, (t, 2), np.float32)
-    check_against_oracle(backend, hidden, scale, routemap, random_probs(rng, (t, k)), e,
-                         counts_of(routemap, e).tolist(), 3, return_expert_indices=True)
+    check_against_oracle(
+        backend,
+        hidden,
+        scale,
+        routemap,
+        random_probs(rng, (t, k)),
+        e,
+        counts_of(routemap, e).tolist(),
+        3,
+        return_expert_indices=True,
+    )
 
 
 def test_override_pads_extra_rows_and_drops_overflow(backend):
     rng = np.random.default_rng(2)
     t, h, e, k = (8, 3, 3, 2) if backend.small else (100, 17, 5, 3)
     routemap = random_routing(rng, t, k, e, empty=0.0)
-    args = (random_bits(rng, (t, h), np.float32), None, routemap,
-            random_probs(rng, (t, k)), e, None, 2)
+    args = (
+        random_bits(rng, (t, h), np.float32),
+        None,
+        routemap,
+        random_probs(rng, (t, k)),
+        e,
+        None,
+        2,
+    )
     needed = int(_oracle.padded_rows(counts_of(routemap, e), 2).sum())
     for rows in (needed + 5, needed, needed // 2, 0):
-        check_against_oracle(backend, *args, override_buffer_size=rows,
-                             return_expert_indices=True, validate=rows >= needed)
+        check_against_oracle(
+            backend,
+            *args,
+            override_buffer_size=rows,
+            return_expert_indices=True,
+            validate=rows >= needed,
+        )
 
 
 def test_do_gather_false_keeps_maps(backend):
@@ -182,9 +220,18 @@ def test_do_gather_false_keeps_maps(backend):
     if not backend.supports_float8:
         hidden = random_bits(rng, (t, h), ml_dtypes.bfloat16)
     probs = random_probs(rng, (t, k))
-    outputs = check_against_oracle(backend, hidden, None, routemap, probs, e,
-                                   counts_of(routemap, e).tolist(), 4, do_gather=False,
-                                   return_expert_indices=True)
+    outputs = check_against_oracle(
+        backend,
+        hidden,
+        None,
+        routemap,
+        probs,
+        e,
+        counts_of(routemap, e).tolist(),
+        4,
+        do_gather=False,
+        return_expert_indices=True,
+    )
     assert outputs[0].shape == (0, h) and outputs[3].shape == (0,)
 
 
@@ -197,12 +244,28 @@ def test_edge_shapes(backend):
     ]
     for t, h, e, k in cases:
         routemap = random_routing(rng, t, k, e)
-        check_against_oracle(backend, random_bits(rng, (t, h), ml_dtypes.bfloat16), None,
-                             routemap, random_probs(rng, (t, k)), e,
-                             counts_of(routemap, e).tolist(), 3)
+        check_against_oracle(
+            backend,
+            random_bits(rng, (t, h), ml_dtypes.bfloat16),
+            None,
+            routemap,
+            random_probs(rng, (t, k)),
+            e,
+            counts_of(routemap, e).tolist(),
+            3,
+        )
     all_empty = np.full((3, 2), -1, np.int32)
-    check_against_oracle(backend, random_bits(rng, (3, 2), np.float16), None, all_empty,
-                         random_probs(rng, (3, 2)), 2, [0, 0], 4, return_expert_indices=True)
+    check_against_oracle(
+        backend,
+        random_bits(rng, (3, 2), np.float16),
+        None,
+        all_empty,
+        random_probs(rng, (3, 2)),
+        2,
+        [0, 0],
+        4,
+        return_expert_indices=True,
+    )
 
 
 def test_many_experts_and_slots():
@@ -211,9 +274,17 @@ def test_many_experts_and_slots():
     from _backends import BACKENDS
 
     routemap = random_routing(rng, 40, 64, 1024, empty=0.1)
-    check_against_oracle(BACKENDS["cpu"], random_bits(rng, (40, 3), ml_dtypes.bfloat16), None,
-                         routemap, random_probs(rng, (40, 64)), 1024,
-                         counts_of(routemap, 1024).tolist(), 1, return_expert_indices=True)
+    check_against_oracle(
+        BACKENDS["cpu"],
+        random_bits(rng, (40, 3), ml_dtypes.bfloat16),
+        None,
+        routemap,
+        random_probs(rng, (40, 64)),
+        1024,
+        counts_of(routemap, 1024).tolist(),
+        1,
+        return_expert_indices=True,
+    )
 
 
 def test_inputs_are_not_modified(backend):
@@ -225,9 +296,17 @@ def test_inputs_are_not_modified(backend):
     probs = random_probs(rng, (t, k))
     inputs = [routemap, hidden, scale, probs]
     device_inputs = [backend.to_device(x) for x in inputs]
-    moe_permute(device_inputs[1], device_inputs[2], device_inputs[0], device_inputs[3], e,
-                [1] * e, 2, validate=False)
-    for before, after in zip(inputs, device_inputs):
+    moe_permute(
+        device_inputs[1],
+        device_inputs[2],
+        device_inputs[0],
+        device_inputs[3],
+        e,
+        [1] * e,
+        2,
+        validate=False,
+    )
+    for before, after in zip(inputs, device_inputs, strict=True):
         assert_same_bits(backend.to_host(after), before, "input")
 
 
@@ -244,9 +323,20 @@ def test_cpu_threads_do_not_change_bits():
         for threads in (1, 2):
             moe_cpu.set_num_threads(threads)
             assert moe_cpu.get_num_threads() == threads
-            results.append(moe_permute(hidden, None, routemap, probs, 40, capacities, 8,
-                                       return_expert_indices=True, validate=False))
+            results.append(
+                moe_permute(
+                    hidden,
+                    None,
+                    routemap,
+                    probs,
+                    40,
+                    capacities,
+                    8,
+                    return_expert_indices=True,
+                    validate=False,
+                )
+            )
     finally:
         moe_cpu.set_num_threads(None)
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         assert_same_bits(a, b)

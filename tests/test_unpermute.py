@@ -4,6 +4,9 @@ simulator's weighted combine, whose fma is not fused)."""
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from _cases import (
     COMBINE_DTYPES,
     assert_close_combine,
@@ -14,36 +17,40 @@ from _cases import (
     random_routing,
     random_values,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from moe_numba import _oracle, moe_permute, moe_unpermute
 
 
 def unpermute_on(backend, rows, rowmap, routemap, probs, num_tokens, num_experts, **flags):
     dev = backend.to_device
-    outputs = moe_unpermute(dev(rows), dev(rowmap), dev(routemap), dev(probs), num_tokens,
-                            num_experts, **flags)
+    outputs = moe_unpermute(
+        dev(rows), dev(rowmap), dev(routemap), dev(probs), num_tokens, num_experts, **flags
+    )
     return tuple(backend.to_host(x) for x in outputs)
 
 
-def check_against_oracle(backend, rows, rowmap, routemap, probs, num_tokens, num_experts,
-                         **flags):
+def check_against_oracle(backend, rows, rowmap, routemap, probs, num_tokens, num_experts, **flags):
     oracle_flags = {k: v for k, v in flags.items() if k != "validate"}
     (expected, expected_probs), status = _oracle.unpermute(
         rows, rowmap, routemap, probs, num_tokens, num_experts, **oracle_flags
     )
     if flags.get("validate", True):
         assert (status == -1).all(), f"case meant to be valid has status {status}"
-    combined, slot_probs = unpermute_on(backend, rows, rowmap, routemap, probs, num_tokens,
-                                        num_experts, **flags)
+    combined, slot_probs = unpermute_on(
+        backend, rows, rowmap, routemap, probs, num_tokens, num_experts, **flags
+    )
     assert_same_bits(slot_probs, expected_probs, "expert_prob_topk")
     if backend.exact_fma or not flags.get("using_weighted_combine", False):
         assert_same_bits(combined, expected, "hidden_states")
     else:
-        magnitude = _oracle.unpermute(np.abs(rows.astype(np.float32)), rowmap, routemap,
-                                      np.abs(probs), num_tokens, num_experts,
-                                      using_weighted_combine=True)[0][0]
+        magnitude = _oracle.unpermute(
+            np.abs(rows.astype(np.float32)),
+            rowmap,
+            routemap,
+            np.abs(probs),
+            num_tokens,
+            num_experts,
+            using_weighted_combine=True,
+        )[0][0]
         assert_close_combine(combined, expected, magnitude, num_experts, "hidden_states")
     return combined, slot_probs
 
@@ -84,8 +91,9 @@ def test_random_cases_match_oracle(backend, data):
     case = data.draw(unpermute_cases(small=backend.small))
     rng = np.random.default_rng(case["seed"])
     t, e = case["num_tokens"], case["num_experts"]
-    rows, rowmap, routemap, probs = routed_rows(rng, t, case["topk"], e, case["alignment"],
-                                                case["dtype"], case["hidden"])
+    rows, rowmap, routemap, probs = routed_rows(
+        rng, t, case["topk"], e, case["alignment"], case["dtype"], case["hidden"]
+    )
     routemap = routemap.astype(case["routemap_dtype"])
     if case["malformed"]:
         r = rows.shape[0]
@@ -95,10 +103,18 @@ def test_random_cases_match_oracle(backend, data):
         routemap[bad_ids] = rng.integers(-4, e + 4, routemap.shape)[bad_ids]
     if case["prob_column"]:
         probs = probs.reshape(-1, 1)
-    check_against_oracle(backend, rows, rowmap, routemap, probs, t, e,
-                         using_weighted_combine=case["weighted"],
-                         using_mix_precision=case["mix_precision"],
-                         validate=not case["malformed"])
+    check_against_oracle(
+        backend,
+        rows,
+        rowmap,
+        routemap,
+        probs,
+        t,
+        e,
+        using_weighted_combine=case["weighted"],
+        using_mix_precision=case["mix_precision"],
+        validate=not case["malformed"],
+    )
 
 
 @pytest.mark.parametrize("dtype", COMBINE_DTYPES, ids=lambda d: np.dtype(d).name)
@@ -108,8 +124,17 @@ def test_flags_and_dtypes(backend, dtype, weighted, mix_precision):
     rng = np.random.default_rng(10)
     t, k, e, h = (6, 3, 4, 5) if backend.small else (120, 6, 12, 67)
     rows, rowmap, routemap, probs = routed_rows(rng, t, k, e, 2, dtype, h)
-    check_against_oracle(backend, rows, rowmap, routemap, probs, t, e,
-                         using_weighted_combine=weighted, using_mix_precision=mix_precision)
+    check_against_oracle(
+        backend,
+        rows,
+        rowmap,
+        routemap,
+        probs,
+        t,
+        e,
+        using_weighted_combine=weighted,
+        using_mix_precision=mix_precision,
+    )
 
 
 def test_round_trip_recovers_tokens(backend):
@@ -121,8 +146,9 @@ def test_round_trip_recovers_tokens(backend):
     routemap[:, 1] = rng.integers(0, e, t)
     probs = random_probs(rng, (t, 2))
     dev = backend.to_device
-    rows, rowmap, row_probs, _ = moe_permute(dev(x), None, dev(routemap), dev(probs), e,
-                                            counts_of(routemap, e).tolist(), 4)
+    rows, rowmap, row_probs, _ = moe_permute(
+        dev(x), None, dev(routemap), dev(probs), e, counts_of(routemap, e).tolist(), 4
+    )
     combined, slot_probs = moe_unpermute(rows, rowmap, dev(routemap), row_probs, t, e)
     assert_same_bits(backend.to_host(combined), x, "round trip")
     np.testing.assert_array_equal(backend.to_host(slot_probs)[:, 1], probs[:, 1])
@@ -134,14 +160,21 @@ def test_empty_buffer_and_tokens_without_rows(backend):
     rows = np.zeros((0, 3), ml_dtypes.bfloat16)
     rowmap = np.full((4, 2), -1, np.int32)
     routemap = np.array([[0, -1], [1, 0], [-1, -1], [1, -1]], np.int32)
-    combined, slot_probs = check_against_oracle(backend, rows, rowmap, routemap,
-                                                np.zeros(0, np.float32), 4, 2,
-                                                using_weighted_combine=True)
+    combined, slot_probs = check_against_oracle(
+        backend, rows, rowmap, routemap, np.zeros(0, np.float32), 4, 2, using_weighted_combine=True
+    )
     assert not combined.view(np.uint16).any() and not slot_probs.any()
     assert combined.shape == (4, 3)
     x = random_bits(rng, (3, 2), np.float32)
-    check_against_oracle(backend, x, np.full((0, 2), -1, np.int32), np.zeros((0, 1), np.int32),
-                         random_probs(rng, (3,)), 0, 2)
+    check_against_oracle(
+        backend,
+        x,
+        np.full((0, 2), -1, np.int32),
+        np.zeros((0, 1), np.int32),
+        random_probs(rng, (3,)),
+        0,
+        2,
+    )
 
 
 def test_nan_results_are_canonical(backend):
@@ -151,8 +184,9 @@ def test_nan_results_are_canonical(backend):
     routemap = np.array([[0, 1]], np.int32)
     probs = np.array([0.5, 0.25], np.float32)
     for dtype in COMBINE_DTYPES:
-        combined, _ = check_against_oracle(backend, rows.astype(dtype), rowmap, routemap, probs,
-                                           1, 2, using_weighted_combine=True)
+        combined, _ = check_against_oracle(
+            backend, rows.astype(dtype), rowmap, routemap, probs, 1, 2, using_weighted_combine=True
+        )
         assert np.isnan(combined.astype(np.float32)).all()
 
 
@@ -165,9 +199,10 @@ def test_cpu_threads_do_not_change_bits():
     try:
         for threads in (1, 2):
             moe_cpu.set_num_threads(threads)
-            results.append(moe_unpermute(rows, rowmap, routemap, probs, 1500, 32,
-                                         using_weighted_combine=True))
+            results.append(
+                moe_unpermute(rows, rowmap, routemap, probs, 1500, 32, using_weighted_combine=True)
+            )
     finally:
         moe_cpu.set_num_threads(None)
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         assert_same_bits(a, b)

@@ -21,9 +21,13 @@ def _parser():
         "moe_permute and moe_unpermute, checks every output bit for bit against the NumPy "
         "oracle and prints what was done and how long it took.",
     )
-    demo.add_argument("--backend", choices=["auto", "cpu", "cuda"], default="auto",
-                      help="cpu: NumPy arrays; cuda: torch/CuPy/numba CUDA arrays; auto: cuda "
-                      "when a GPU is usable, else cpu (default)")
+    demo.add_argument(
+        "--backend",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="cpu: NumPy arrays; cuda: torch/CuPy/numba CUDA arrays; auto: cuda "
+        "when a GPU is usable, else cpu (default)",
+    )
     demo.add_argument("--tokens", type=int, default=4096, help="tokens T (default 4096)")
     demo.add_argument("--hidden", type=int, default=2048, help="hidden width H (default 2048)")
     demo.add_argument("--experts", type=int, default=32, help="experts E (default 32)")

@@ -295,10 +295,15 @@ class NumbaLibrary:
 
     def empty(self, shape, dtype, like):
         dtype = np.dtype(dtype)
-        if dtype.itemsize in (1, 2) and dtype.kind == "V" or dtype.name in (
-            "bfloat16",
-            "float8_e4m3fn",
-            "float8_e5m2",
+        if (
+            dtype.itemsize in (1, 2)
+            and dtype.kind == "V"
+            or dtype.name
+            in (
+                "bfloat16",
+                "float8_e4m3fn",
+                "float8_e5m2",
+            )
         ):
             bits = np.uint8 if dtype.itemsize == 1 else np.uint16
             return self.cuda.device_array(shape, bits, stream=self._stream_of(like)).view(dtype)

@@ -40,8 +40,10 @@ class Case:
     dtype: str
 
     def label(self):
-        return (f"{self.dtype} T={self.tokens} H={self.hidden} E={self.experts} "
-                f"K={self.topk} A={self.alignment}")
+        return (
+            f"{self.dtype} T={self.tokens} H={self.hidden} E={self.experts} "
+            f"K={self.topk} A={self.alignment}"
+        )
 
 
 @dataclass
@@ -66,14 +68,21 @@ class Result:
 
 def add_bench_arguments(parser):
     """Options of the ``bench`` command."""
-    parser.add_argument("--backend", choices=["auto", "cpu", "cuda"], default="auto",
-                        help="cpu: NumPy arrays; cuda: torch (else CuPy, else numba) arrays; "
-                        "auto: cuda when a GPU is usable (default)")
-    parser.add_argument("--sweep", action="store_true",
-                        help="run the standard sweep over T, H, E, K and dtypes instead of one "
-                        "shape")
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer repetitions and a shorter sweep")
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="cpu: NumPy arrays; cuda: torch (else CuPy, else numba) arrays; "
+        "auto: cuda when a GPU is usable (default)",
+    )
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="run the standard sweep over T, H, E, K and dtypes instead of one shape",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer repetitions and a shorter sweep"
+    )
     parser.add_argument("--tokens", type=int, help="tokens T (one-shape mode)")
     parser.add_argument("--hidden", type=int, help="hidden width H")
     parser.add_argument("--experts", type=int, help="experts E")
@@ -82,10 +91,16 @@ def add_bench_arguments(parser):
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="row dtype")
     parser.add_argument("--repeat", type=int, help="timed repetitions per measurement")
     parser.add_argument("--json", metavar="FILE", help="save the results as JSON")
-    parser.add_argument("--compare", metavar="OLD.json",
-                        help="print each result's speed relative to an earlier --json file")
-    parser.add_argument("--plot", metavar="FILE.png",
-                        help="plot %% of the copy roofline against T (needs matplotlib)")
+    parser.add_argument(
+        "--compare",
+        metavar="OLD.json",
+        help="print each result's speed relative to an earlier --json file",
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="plot %% of the copy roofline against T (needs matplotlib)",
+    )
 
 
 def _one_case(args, defaults):
@@ -99,9 +114,11 @@ def cpu_cases(args):
     if not args.sweep:
         return [_one_case(args, default)]
     tokens = [256, 1024, 4096] if args.quick else [256, 1024, 4096, 16384]
-    return ([Case(t, 2048, 32, 8, 16, "bf16") for t in tokens]
-            + [Case(4096, 2048, e, 8, 16, "bf16") for e in (8, 256)]
-            + [Case(4096, 2048, 32, 8, 16, d) for d in ("fp32", "fp8")])
+    return (
+        [Case(t, 2048, 32, 8, 16, "bf16") for t in tokens]
+        + [Case(4096, 2048, e, 8, 16, "bf16") for e in (8, 256)]
+        + [Case(4096, 2048, 32, 8, 16, d) for d in ("fp32", "fp8")]
+    )
 
 
 def cuda_cases(args):
@@ -110,10 +127,12 @@ def cuda_cases(args):
     if not args.sweep:
         return [_one_case(args, default)]
     tokens = [256, 4096, 16384] if args.quick else [256, 1024, 4096, 16384, 32768]
-    return ([Case(t, 7168, 64, 8, 128, "bf16") for t in tokens]
-            + [Case(16384, 7168, 64, 8, 128, d) for d in ("fp8", "fp16")]
-            + [Case(4096, 7168, e, 8, 128, "bf16") for e in (8, 256, 1024)]
-            + [Case(4096, 4096, 64, k, 128, "bf16") for k in (2, 16)])
+    return (
+        [Case(t, 7168, 64, 8, 128, "bf16") for t in tokens]
+        + [Case(16384, 7168, 64, 8, 128, d) for d in ("fp8", "fp16")]
+        + [Case(4096, 7168, e, 8, 128, "bf16") for e in (8, 256, 1024)]
+        + [Case(4096, 4096, 64, k, 128, "bf16") for k in (2, 16)]
+    )
 
 
 def make_inputs(case, seed=0):
@@ -200,10 +219,19 @@ def bench_cpu_case(case, repeat):
     copy_s = _median_seconds(lambda: moe_cpu.copy_rows(source, target), repeat)
     roofline = moved / copy_s / 1e9
     permute_s = _median_seconds(lambda: moe_permute(*args), repeat)
-    numpy_s = _median_seconds(lambda: numpy_permute(hidden, routemap, counts, case.alignment),
-                              max(3, repeat // 3))
-    results = [Result(case, "permute", permute_s * 1e3, moved / permute_s / 1e9, roofline,
-                      baseline_ms=numpy_s * 1e3)]
+    numpy_s = _median_seconds(
+        lambda: numpy_permute(hidden, routemap, counts, case.alignment), max(3, repeat // 3)
+    )
+    results = [
+        Result(
+            case,
+            "permute",
+            permute_s * 1e3,
+            moved / permute_s / 1e9,
+            roofline,
+            baseline_ms=numpy_s * 1e3,
+        )
+    ]
     if DTYPES[case.dtype].itemsize >= 2:
         routed = int((rowmap >= 0).sum())
         moved = unpermute_bytes(case, routed)
@@ -211,14 +239,31 @@ def bench_cpu_case(case, repeat):
         target = np.empty_like(source)
         source.fill(1)
         copy_s = _median_seconds(lambda: moe_cpu.copy_rows(source, target), repeat)
-        unpermute_s = _median_seconds(lambda: moe_unpermute(
-            rows, rowmap, routemap, row_probs, case.tokens, case.experts,
-            using_weighted_combine=True), repeat)
-        numpy_s = _median_seconds(lambda: numpy_unpermute(rows, rowmap, routemap, row_probs),
-                                  max(3, repeat // 3))
-        results.append(Result(case, "unpermute weighted", unpermute_s * 1e3,
-                              moved / unpermute_s / 1e9, moved / copy_s / 1e9,
-                              baseline_ms=numpy_s * 1e3))
+        unpermute_s = _median_seconds(
+            lambda: moe_unpermute(
+                rows,
+                rowmap,
+                routemap,
+                row_probs,
+                case.tokens,
+                case.experts,
+                using_weighted_combine=True,
+            ),
+            repeat,
+        )
+        numpy_s = _median_seconds(
+            lambda: numpy_unpermute(rows, rowmap, routemap, row_probs), max(3, repeat // 3)
+        )
+        results.append(
+            Result(
+                case,
+                "unpermute weighted",
+                unpermute_s * 1e3,
+                moved / unpermute_s / 1e9,
+                moved / copy_s / 1e9,
+                baseline_ms=numpy_s * 1e3,
+            )
+        )
     return results
 
 
@@ -289,22 +334,49 @@ def bench_cuda_case(case, repeat, library):
     roofline = moved / timer.device_ms(_device_copy(library, moved // 2)) / 1e6
     results = []
     for op, validate in (("permute", True), ("permute validate=False", False)):
+
         def call(validate=validate):
             return moe_permute(*args, validate=validate)
+
         ms = timer.device_ms(call)
-        results.append(Result(case, op, ms, moved / ms / 1e6, roofline,
-                              host_us=timer.host_us(call) if small else None))
+        results.append(
+            Result(
+                case,
+                op,
+                ms,
+                moved / ms / 1e6,
+                roofline,
+                host_us=timer.host_us(call) if small else None,
+            )
+        )
     if DTYPES[case.dtype].itemsize >= 2:
         routed = int(case.tokens * min(case.topk, case.experts))
         moved = unpermute_bytes(case, routed)
         roofline = moved / timer.device_ms(_device_copy(library, moved // 2)) / 1e6
 
         def combine():
-            return moe_unpermute(rows, rowmap, d[2], row_probs, case.tokens, case.experts,
-                                 using_weighted_combine=True, validate=False)
+            return moe_unpermute(
+                rows,
+                rowmap,
+                d[2],
+                row_probs,
+                case.tokens,
+                case.experts,
+                using_weighted_combine=True,
+                validate=False,
+            )
+
         ms = timer.device_ms(combine)
-        results.append(Result(case, "unpermute weighted validate=False", ms, moved / ms / 1e6,
-                              roofline, host_us=timer.host_us(combine) if small else None))
+        results.append(
+            Result(
+                case,
+                "unpermute weighted validate=False",
+                ms,
+                moved / ms / 1e6,
+                roofline,
+                host_us=timer.host_us(combine) if small else None,
+            )
+        )
     return results
 
 
@@ -312,35 +384,58 @@ def bench_cuda_case(case, repeat, library):
 
 
 def print_table(results, out=sys.stdout):
-    header = (f"{'case':<44} {'operation':<34} {'ms':>9} {'GB/s':>8} {'copy GB/s':>9} "
-              f"{'% copy':>7} {'host us':>8} {'vs NumPy':>8}")
+    header = (
+        f"{'case':<44} {'operation':<34} {'ms':>9} {'GB/s':>8} {'copy GB/s':>9} "
+        f"{'% copy':>7} {'host us':>8} {'vs NumPy':>8}"
+    )
     print(header, file=out)
     print("-" * len(header), file=out)
     for r in results:
         host = f"{r.host_us:8.1f}" if r.host_us is not None else f"{'':>8}"
         speedup = f"{r.baseline_ms / r.ms:7.1f}x" if r.baseline_ms else f"{'':>8}"
-        print(f"{r.case.label():<44} {r.op:<34} {r.ms:9.3f} {r.gbps:8.1f} "
-              f"{r.roofline_gbps:9.1f} {r.percent:6.1f}% {host} {speedup}", file=out)
+        print(
+            f"{r.case.label():<44} {r.op:<34} {r.ms:9.3f} {r.gbps:8.1f} "
+            f"{r.roofline_gbps:9.1f} {r.percent:6.1f}% {host} {speedup}",
+            file=out,
+        )
 
 
 def save_json(results, path, backend):
-    records = [dict(asdict(r.case), op=r.op, ms=r.ms, gbps=r.gbps, roofline_gbps=r.roofline_gbps,
-                    percent=r.percent, host_us=r.host_us, baseline_ms=r.baseline_ms)
-               for r in results]
+    records = [
+        dict(
+            asdict(r.case),
+            op=r.op,
+            ms=r.ms,
+            gbps=r.gbps,
+            roofline_gbps=r.roofline_gbps,
+            percent=r.percent,
+            host_us=r.host_us,
+            baseline_ms=r.baseline_ms,
+        )
+        for r in results
+    ]
     with open(path, "w") as f:
         json.dump({"backend": backend, "results": records}, f, indent=1)
 
 
 def compare_json(results, path, out=sys.stdout):
     with open(path) as f:
-        old = {(r["op"], *(r[k] for k in ("tokens", "hidden", "experts", "topk", "alignment",
-                                          "dtype"))): r for r in json.load(f)["results"]}
+        old = {
+            (
+                r["op"],
+                *(r[k] for k in ("tokens", "hidden", "experts", "topk", "alignment", "dtype")),
+            ): r
+            for r in json.load(f)["results"]
+        }
     print(f"\ncompared with {path} (ratio > 1: faster now)", file=out)
     for r in results:
         before = old.get(r.key())
         if before:
-            print(f"  {r.case.label():<44} {r.op:<34} {before['ms'] / r.ms:6.2f}x "
-                  f"({before['ms']:.3f} -> {r.ms:.3f} ms)", file=out)
+            print(
+                f"  {r.case.label():<44} {r.op:<34} {before['ms'] / r.ms:6.2f}x "
+                f"({before['ms']:.3f} -> {r.ms:.3f} ms)",
+                file=out,
+            )
 
 
 def plot(results, path, backend):
@@ -353,13 +448,16 @@ def plot(results, path, backend):
         raise SystemExit("--plot needs matplotlib: pip install 'moe-numba[bench]'") from None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for op in dict.fromkeys(r.op for r in results):
-        series = sorted((r.case.tokens, r.percent) for r in results
-                        if r.op == op and r.case.dtype == "bf16"
-                        and (r.case.hidden, r.case.experts, r.case.topk)
-                        == (results[0].case.hidden, results[0].case.experts,
-                            results[0].case.topk))
+        series = sorted(
+            (r.case.tokens, r.percent)
+            for r in results
+            if r.op == op
+            and r.case.dtype == "bf16"
+            and (r.case.hidden, r.case.experts, r.case.topk)
+            == (results[0].case.hidden, results[0].case.experts, results[0].case.topk)
+        )
         if len(series) > 1:
-            ax.plot(*zip(*series), marker="o", label=op)
+            ax.plot(*zip(*series, strict=True), marker="o", label=op)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens T")
     ax.set_ylabel("% of copy bandwidth (same bytes)")
@@ -390,8 +488,10 @@ def run_bench(args):
         backend = f"cuda ({library} arrays)"
         cases = cuda_cases(args)
         repeat = args.repeat or (10 if args.quick else 30)
-    print(f"backend: {backend}; {len(cases)} shape(s), {repeat} timed repetitions each",
-          file=sys.stderr)
+    print(
+        f"backend: {backend}; {len(cases)} shape(s), {repeat} timed repetitions each",
+        file=sys.stderr,
+    )
     results = []
     for i, case in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] {case.label()}", file=sys.stderr, flush=True)

@@ -273,8 +273,9 @@ def plan_unpermute(
             f"hidden_states_unzipped must have at least one column; got shape {rows_shape}"
         )
 
-    check_dtype("zipped_expertwise_rowmap", dtype_of(zipped_expertwise_rowmap),
-                (np.dtype(np.int32),))
+    check_dtype(
+        "zipped_expertwise_rowmap", dtype_of(zipped_expertwise_rowmap), (np.dtype(np.int32),)
+    )
     check_shape(
         "zipped_expertwise_rowmap",
         shape_of(zipped_expertwise_rowmap),

@@ -13,13 +13,17 @@ from ._transfer import gpu_library, to_device, to_host
 
 def _same_bits(a, b):
     a, b = np.asarray(a), np.asarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(
-        np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and np.array_equal(
+            np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)
+        )
     )
 
 
 def _check(name, actual, expected):
-    ok = all(_same_bits(a, b) for a, b in zip(actual, expected))
+    ok = all(_same_bits(a, b) for a, b in zip(actual, expected, strict=True))
     print(f"  {name:<34} {'identical to the oracle' if ok else 'DIFFERS from the oracle'}")
     return ok
 
@@ -46,8 +50,10 @@ def _docs_example(move):
 
 def _workload(move, tokens, hidden, experts, topk, sync):
     rng = np.random.default_rng(1)
-    print(f"\nrandom workload: T={tokens} H={hidden} E={experts} K={topk} bf16, "
-          "alignment 16, weighted combine")
+    print(
+        f"\nrandom workload: T={tokens} H={hidden} E={experts} K={topk} bf16, "
+        "alignment 16, weighted combine"
+    )
     scores = rng.random((tokens, experts))
     routemap = np.argsort(scores, axis=1)[:, :topk].astype(np.int32)
     probs = rng.random((tokens, topk), dtype=np.float32)
@@ -65,15 +71,25 @@ def _workload(move, tokens, hidden, experts, topk, sync):
 
     permuted, permute_ms = timed(lambda: moe_permute(*args))
     rows, rowmap, row_probs, _ = permuted
-    combined, unpermute_ms = timed(lambda: moe_unpermute(
-        rows, rowmap, args[2], row_probs, tokens, experts, using_weighted_combine=True))
+    combined, unpermute_ms = timed(
+        lambda: moe_unpermute(
+            rows, rowmap, args[2], row_probs, tokens, experts, using_weighted_combine=True
+        )
+    )
     print(f"  moe_permute   {permute_ms:8.2f} ms   -> {rows.shape[0]} rows")
     print(f"  moe_unpermute {unpermute_ms:8.2f} ms   -> {tuple(combined[0].shape)}")
     print("  checking against the NumPy oracle (slow, plain Python) ...", flush=True)
     expected, _ = _oracle.permute(x, None, routemap, probs, experts, counts, 16)
     ok = _check("permute", [to_host(v) for v in permuted], expected)
-    expected_combine, _ = _oracle.unpermute(expected[0], expected[1], routemap, expected[2],
-                                            tokens, experts, using_weighted_combine=True)
+    expected_combine, _ = _oracle.unpermute(
+        expected[0],
+        expected[1],
+        routemap,
+        expected[2],
+        tokens,
+        experts,
+        using_weighted_combine=True,
+    )
     return _check("weighted unpermute", [to_host(v) for v in combined], expected_combine) and ok
 
 
@@ -88,8 +104,10 @@ def run_demo(args):
     if library is None:
         import moe_cpu
 
-        print(f"backend: cpu (NumPy arrays, Cython/OpenMP, {moe_cpu.get_num_threads()} "
-              f"threads, OpenMP {'on' if moe_cpu.openmp_enabled() else 'off'})\n")
+        print(
+            f"backend: cpu (NumPy arrays, Cython/OpenMP, {moe_cpu.get_num_threads()} "
+            f"threads, OpenMP {'on' if moe_cpu.openmp_enabled() else 'off'})\n"
+        )
 
         def move(a):
             return a

@@ -22,8 +22,7 @@ def gpu_backend():
     global _BACKEND
     if _BACKEND is None:
         try:
-            from numba import config
-            from numba import cuda
+            from numba import config, cuda
         except ImportError as error:
             raise GPUUnavailableError(
                 "CUDA arrays were passed but numba.cuda cannot be imported "
