@@ -5,7 +5,8 @@ Usage: python scripts/cpu_speed_check.py [--tokens 4096] [--hidden 2048] [--topk
 
 Bytes counted as in DESIGN.md: permute = read T*H + write R*H elements; unpermute = read the
 routed rows + write T*H elements. The copy roofline copies the same number of bytes with
-``moe_cpu.copy_rows`` (which moves 2 * size bytes). Medians after one warm-up call.
+``moe_cpu.copy_rows`` (which moves 2 * size bytes). Medians of interleaved rounds after one
+warm-up call of each case.
 """
 
 import argparse
@@ -17,16 +18,6 @@ import numpy as np
 
 import moe_cpu
 from moe_numba import _abi
-
-
-def median_seconds(fn, reps):
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def numpy_layout(routemap, num_experts, alignment):
@@ -131,11 +122,7 @@ def main():
     copy_src = {n: np.ones(n, np.uint8) for n in (permute_bytes // 2, unpermute_bytes // 2)}
     copy_dst = {n: np.empty(n, np.uint8) for n in copy_src}
 
-    def gbs(nbytes, seconds):
-        return nbytes / seconds / 1e9
-
-    results = {}
-    for name, fn, nbytes in [
+    cases = [
         ("copy_rows (permute bytes)", lambda: moe_cpu.copy_rows(
             copy_src[permute_bytes // 2], copy_dst[permute_bytes // 2]), permute_bytes),
         ("moe_cpu.permute", permute, permute_bytes),
@@ -145,10 +132,22 @@ def main():
             copy_src[unpermute_bytes // 2], copy_dst[unpermute_bytes // 2]), unpermute_bytes),
         ("moe_cpu.unpermute weighted", unpermute, unpermute_bytes),
         ("numpy weighted combine", numpy_unpermute, unpermute_bytes),
-    ]:
-        seconds = median_seconds(fn, args.reps)
-        results[name] = gbs(nbytes, seconds)
-        print(f"{name:32s} {seconds * 1e3:8.2f} ms {results[name]:7.2f} GB/s")
+    ]
+    # interleaved rounds, so that load from other processes hits every case alike
+    times = {name: [] for name, _, _ in cases}
+    for _, fn, _ in cases:
+        fn()
+    for _ in range(args.reps):
+        for name, fn, _ in cases:
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    results = {}
+    for name, _, nbytes in cases:
+        seconds = statistics.median(times[name])
+        results[name] = nbytes / seconds / 1e9
+        print(f"{name:32s} {seconds * 1e3:8.2f} ms {results[name]:7.2f} GB/s "
+              f"(best {min(times[name]) * 1e3:.2f} ms)")
 
     p, u = results["moe_cpu.permute"], results["moe_cpu.unpermute weighted"]
     print(f"permute:   {p / results['copy_rows (permute bytes)']:.0%} of copy, "

@@ -3,8 +3,8 @@
  * Rounding is part of the contract (SPEC.md section 2), so this file is built with
  * -ffp-contract=off: the only fused multiply-add is the explicit fmaf of the weighted combine.
  * Type punning goes through memcpy (pointer casts broke strict aliasing at -O3).
- * The float16 conversions are integer bit operations (plus exact int->float conversions and
- * power-of-two products for subnormals), written branch-free so that the loops vectorise.
+ * The float16 conversions are integer bit operations (plus one exact subtraction for
+ * subnormals), written as selects and masks so that the loops vectorise.
  */
 #ifndef MOE_COMBINE_H
 #define MOE_COMBINE_H
@@ -18,9 +18,13 @@
 #define MOE_DATA_BFLOAT16 1
 #define MOE_DATA_FLOAT16 2
 
-/* H is combined in blocks of this many elements so that the float32 accumulator of a block
-   stays in L1 while the token's rows stream through it. */
-#define MOE_COMBINE_BLOCK 512
+/* H is combined in blocks of this many elements: the float32 accumulator of a block stays in
+   registers/L1 while the token's rows stream through it. Short blocks switch between the rows
+   often, which keeps more of them in flight: 128 ran 1.4x faster than 512 and 2048 (bf16,
+   H = 2048, 8 rows per token, 2 cores). */
+#ifndef MOE_COMBINE_BLOCK
+#define MOE_COMBINE_BLOCK 128
+#endif
 
 /* The combine is compiled twice on x86-64 with GCC >= 12 and glibc (ifunc): once for
    x86-64-v3 (AVX2 + FMA: vectorised, fmaf becomes vfmadd) and once for the baseline, picked
@@ -47,40 +51,58 @@ MOE_INLINE float moe_bf16_to_f32(uint16_t h) { return moe_bits_to_f32((uint32_t)
 MOE_INLINE uint16_t moe_f32_to_bf16(float f) {
     uint32_t u = moe_f32_to_bits(f);
     uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    return (u & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)0x7FC0u : (uint16_t)rounded;
+    /* signed compares below: AVX2 has no unsigned one, and |bits| < 2^31 */
+    int32_t a = (int32_t)(u & 0x7FFFFFFFu);
+    return (uint16_t)(a > 0x7F800000 ? 0x7FC0u : rounded);
 }
 
 MOE_INLINE float moe_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t em = h & 0x7FFFu; /* exponent and mantissa */
+    uint32_t x = h;
+    uint32_t sign = (x & 0x8000u) << 16;
+    uint32_t em = x & 0x7FFFu; /* exponent and mantissa */
     uint32_t normal = (em << 13) + ((127u - 15u) << 23);
     uint32_t special = (em << 13) | 0x7F800000u; /* inf, and NaN with its payload */
-    /* subnormal (and zero): em * 2^-24, both steps exact since em < 2^10 */
-    uint32_t subnormal = moe_f32_to_bits((float)(int32_t)em * 0x1p-24f);
-    uint32_t mag = em >= 0x7C00u ? special : (em >= 0x0400u ? normal : subnormal);
-    return moe_bits_to_f32(sign | mag);
+    /* zero and subnormals, m * 2^-24 = (2^-14 + m * 2^-24) - 2^-14: the one float operation
+       here, exact (no rounding; every value involved is a normal float32, so FTZ/DAZ do not
+       matter either). Normalising m with integer shifts instead ran 2.7x slower. It runs on
+       every lane and is merged with masks: a float operation under a condition would stop
+       the vectoriser (-ftrapping-math). */
+    uint32_t subnormal = moe_f32_to_bits(moe_bits_to_f32((113u << 23) | ((em & 0x3FFu) << 13))
+                                         - 0x1p-14f);
+    uint32_t is_subnormal = 0u - (uint32_t)(em < 0x400u);
+    uint32_t other = em >= 0x7C00u ? special : normal;
+    return moe_bits_to_f32(sign | (subnormal & is_subnormal) | (other & ~is_subnormal));
 }
 
-/* IEEE binary16, round to nearest even (subnormals, overflow to inf); NaN made canonical. */
-MOE_INLINE uint16_t moe_f32_to_f16(float f) {
+/* IEEE binary16, round to nearest even (subnormals, overflow to inf). A NaN stays a NaN of
+   its sign and part of its payload: not a constant, which would let the compiler fold the
+   widening of the round trip on one side of the select and branch (no vectorising). */
+MOE_INLINE uint16_t moe_f32_to_f16_keep_nan(float f) {
     uint32_t u = moe_f32_to_bits(f);
-    int32_t sign = (int32_t)((u >> 16) & 0x8000u);
+    uint32_t sign = (u >> 16) & 0x8000u;
     int32_t a = (int32_t)(u & 0x7FFFFFFFu);
-    /* normal: rebias the exponent (127 -> 15) and round off 13 bits; a carry out of the
-       mantissa correctly bumps the exponent */
-    int32_t normal = (a - (112 << 23) + 0xFFF + ((a >> 13) & 1)) >> 13;
-    /* subnormal: the value in units of 2^-24 is m >> s, rounded to nearest even; s is clamped
-       to [1, 25] (25 already gives 0, and lanes outside this range are discarded) */
-    int32_t s = 126 - (a >> 23);
-    s = s < 1 ? 1 : (s > 25 ? 25 : s);
-    int32_t m = (a & 0x7FFFFF) | 0x800000;
-    int32_t q = m >> s;
-    int32_t rem = m & ((1 << s) - 1);
-    int32_t half = 1 << (s - 1);
-    int32_t subnormal = q + ((rem > half) | ((rem == half) & q & 1));
+    uint32_t ua = (uint32_t)a;
+    /* normal: rebias the exponent (127 -> 15) and round off 13 bits to nearest even (add half
+       an ulp less one, plus the lowest kept bit); a carry out of the mantissa correctly bumps
+       the exponent */
+    uint32_t normal = (ua - (112u << 23) + 0xFFFu + ((ua >> 13) & 1u)) >> 13;
+    /* subnormal: the value in units of 2^-24 is m >> s, rounded the same way; s is clamped to
+       [1, 25] (25 already gives 0; lanes outside the subnormal range are discarded) */
+    uint32_t e = ua >> 23;
+    uint32_t s = e >= 125u ? 1u : 126u - e;
+    s = s > 25u ? 25u : s;
+    uint32_t m = (ua & 0x7FFFFFu) | 0x800000u;
+    uint32_t subnormal = (m + (1u << (s - 1u)) - 1u + ((m >> s) & 1u)) >> s;
     /* 0x477FF000 = 65520, the midpoint between the largest float16 and 2^16: ties go to inf */
-    int32_t mag = a >= 0x477FF000 ? 0x7C00 : (a >= 0x38800000 ? normal : subnormal);
-    return a > 0x7F800000 ? (uint16_t)0x7E00u : (uint16_t)(sign | mag);
+    uint32_t mag = a >= 0x477FF000 ? 0x7C00u : (a >= 0x38800000 ? normal : subnormal);
+    uint32_t nan = 0x7E00u | ((ua >> 13) & 0x3FFu);
+    return (uint16_t)(sign | (a > 0x7F800000 ? nan : mag));
+}
+
+/* As above, with every NaN made canonical. */
+MOE_INLINE uint16_t moe_f32_to_f16(float f) {
+    int32_t a = (int32_t)(moe_f32_to_bits(f) & 0x7FFFFFFFu);
+    return a > 0x7F800000 ? (uint16_t)0x7E00u : moe_f32_to_f16_keep_nan(f);
 }
 
 MOE_INLINE float moe_load(const void *row, int64_t i, int dtype) {
@@ -92,7 +114,7 @@ MOE_INLINE float moe_load(const void *row, int64_t i, int dtype) {
 /* Round to the data type and widen back (the accumulator of using_mix_precision=False). */
 MOE_INLINE float moe_round_trip(float v, int dtype) {
     if (dtype == MOE_DATA_BFLOAT16) return moe_bf16_to_f32(moe_f32_to_bf16(v));
-    if (dtype == MOE_DATA_FLOAT16) return moe_f16_to_f32(moe_f32_to_f16(v));
+    if (dtype == MOE_DATA_FLOAT16) return moe_f16_to_f32(moe_f32_to_f16_keep_nan(v));
     return v; /* float32: already exact (a NaN is made canonical at the end) */
 }
 

@@ -71,6 +71,8 @@ cdef enum:
 
 # outputs from this size on bypass the cache in the gather
 cdef int64_t STREAM_MIN_BYTES = 8 << 20
+# bytes of output rows per work item of the gather
+cdef int64_t GATHER_CHUNK_BYTES = 1 << 18
 
 cdef Py_ssize_t BAD_ID = _abi.PERMUTE_BAD_ID
 cdef Py_ssize_t BAD_ID_VALUE = _abi.PERMUTE_BAD_ID_VALUE
@@ -95,7 +97,7 @@ cdef struct Plan:
     int64_t* chunk_status
     # count: per thread, the last token that named each expert [nthreads, E]
     int64_t* seen
-    # scan: capacity n_e (clamped to [0, R]) and first row offset_e (saturated) per expert
+    # scan: capacity n_e and first row offset_e (saturated) per expert
     int64_t* capacity
     int64_t* offset
     # place: the slot t*K+k that fills each row, -1 for an unfilled row
@@ -184,10 +186,9 @@ cdef int _scan(Plan* p, const int64_t* capacity, int64_t* status) noexcept nogil
         if capacity != NULL and n != count[e] and status[MISMATCH] < 0:
             status[MISMATCH] = e
             status[MISMATCH_COUNT] = count[e]
-        # A capacity beyond R changes nothing (rows >= R are dropped), so the clamp keeps the
-        # arithmetic below in range; offsets saturate for the same reason.
-        n = max(0, min(n, p.R))
+        n = max(n, 0)
         p.capacity[e] = n
+        # saturated: an offset past R only means that the expert's tokens are dropped
         p.offset[e] = total
         tmp = _padded(n, p.A)
         total = INT64_MAX if tmp > INT64_MAX - total else total + tmp
@@ -235,37 +236,35 @@ cdef void _gather(Plan* p, const index_t* routemap, const float* probs,
                   const uint8_t* scale, uint8_t* out_scale, int64_t sb,
                   float* out_probs, int32_t* out_indices, int nthreads) noexcept nogil:
     """Copy each filled row's token bytes, probability and expert; zero the other rows."""
-    cdef int64_t row, slot, t
+    cdef int64_t chunk, first, row, slot, t
     cdef bint stream = MOE_CAN_STREAM and p.R * (hb + sb) >= STREAM_MIN_BYTES
+    cdef int64_t rows_per_chunk = max(16, GATHER_CHUNK_BYTES // max(1, hb + sb))
+    cdef int64_t nchunks = (p.R + rows_per_chunk - 1) // rows_per_chunk
     with parallel(num_threads=nthreads):
-        for row in prange(p.R, schedule="static"):
-            slot = p.source[row]
-            if slot >= 0:
-                t = slot // p.K
-                if out_hidden != NULL:
-                    _copy_row(out_hidden + row * hb, hidden + t * hb, hb, stream)
-                if out_scale != NULL:
-                    _copy_row(out_scale + row * sb, scale + t * sb, sb, stream)
-                out_probs[row] = probs[slot]
-                if out_indices != NULL:
-                    out_indices[row] = <int32_t>routemap[slot]
-            else:
-                if out_hidden != NULL:
-                    _copy_row(out_hidden + row * hb, NULL, hb, stream)
-                if out_scale != NULL:
-                    _copy_row(out_scale + row * sb, NULL, sb, stream)
-                out_probs[row] = 0.0
-                if out_indices != NULL:
-                    out_indices[row] = -1
+        # dynamic: a thread that shares its core with another process does less of the work
+        for chunk in prange(nchunks, schedule="dynamic"):
+            first = chunk * rows_per_chunk
+            for row in range(first, min(first + rows_per_chunk, p.R)):
+                slot = p.source[row]
+                if slot >= 0:
+                    t = slot // p.K
+                    if out_hidden != NULL:
+                        _copy_row(out_hidden + row * hb, hidden + t * hb, hb, stream)
+                    if out_scale != NULL:
+                        _copy_row(out_scale + row * sb, scale + t * sb, sb, stream)
+                    out_probs[row] = probs[slot]
+                    if out_indices != NULL:
+                        out_indices[row] = <int32_t>routemap[slot]
+                else:
+                    if out_hidden != NULL:
+                        _copy_row(out_hidden + row * hb, NULL, hb, stream)
+                    if out_scale != NULL:
+                        _copy_row(out_scale + row * sb, NULL, sb, stream)
+                    out_probs[row] = 0.0
+                    if out_indices != NULL:
+                        out_indices[row] = -1
         if stream:
             moe_stream_fence()  # order this thread's streaming stores before the join
-
-
-cdef void _clear_source(Plan* p, int nthreads) noexcept nogil:
-    cdef int64_t c, r0, block = 1 << 16
-    for c in prange((p.R + block - 1) // block, num_threads=nthreads, schedule="static"):
-        r0 = c * block
-        memset(p.source + r0, 0xFF, min(block, p.R - r0) * sizeof(int64_t))  # all -1
 
 
 def permute(hidden, scale, const index_t[:, ::1] routemap, const float[:, ::1] probs,
@@ -337,6 +336,8 @@ def permute(hidden, scale, const index_t[:, ::1] routemap, const float[:, ::1] p
         ind = out_indices
         indices_ptr = &ind[0]
 
+    if alignment < 1:
+        raise ValueError(f"alignment must be >= 1, got {alignment}")
     p.T = routemap.shape[0]
     p.K = routemap.shape[1]
     p.E = out_rowmap.shape[1]
@@ -361,7 +362,7 @@ def permute(hidden, scale, const index_t[:, ::1] routemap, const float[:, ::1] p
             _count(&p, &routemap[0, 0], nthreads)
             failed = _scan(&p, cap_ptr, &status[0])
             if failed == 0 and not (validate and _has_error(&status[0])):
-                _clear_source(&p, nthreads)
+                memset(p.source, 0xFF, p.R * sizeof(int64_t))  # all -1; cheap next to the gather
                 _place(&p, &routemap[0, 0], &out_rowmap[0, 0], nthreads)
                 _gather(&p, &routemap[0, 0], &probs[0, 0], hidden_ptr, out_hidden_ptr, hb,
                         scale_ptr, out_scale_ptr, sb, &out_probs[0], indices_ptr, nthreads)

@@ -69,7 +69,8 @@ cdef void _combine(Combine* c, const index_t* routemap, int nthreads) noexcept n
     cdef float* src_probs
     cdef int64_t* st
     cdef float w
-    for ch in prange(nchunks, num_threads=nthreads, schedule="static"):
+    # dynamic: a thread that shares its core with another process does less of the work
+    for ch in prange(nchunks, num_threads=nthreads, schedule="dynamic"):
         acc = <float*>(c.scratch + threadid() * c.scratch_stride)
         src_rows = <int64_t*>(acc + MOE_COMBINE_BLOCK)
         src_probs = <float*>(src_rows + c.E)

@@ -1,0 +1,69 @@
+"""Word-wide row copies: pick the widest word for a row, and the per-width load/store helpers.
+
+A row of ``row_bytes`` bytes is moved as ``row_bytes // W`` words of ``W`` bytes, where ``W``
+is the widest of 16, 8, 4, 2, 1 that divides the row size and every base address involved.
+Kernels that copy rows are built per width by a factory that closes over the helpers below
+(numba freezes closure variables, so each width compiles to its own straight-line code).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba.cuda import types
+
+from ._primitives import device
+from ._words import ld16, st16
+
+WIDTHS = (16, 8, 4, 2, 1)
+
+# element type a kernel parameter carries for each word width (16-byte words travel as
+# pairs of uint64)
+WORD_TYPE = {16: types.uint64, 8: types.uint64, 4: types.uint32, 2: types.uint16, 1: types.uint8}
+WORD_DTYPE = {16: np.uint64, 8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
+
+
+def word_width(row_bytes, *buffers):
+    """The widest word that divides ``row_bytes`` and the address of every given buffer."""
+    for width in WIDTHS:
+        if row_bytes % width:
+            continue
+        if all(b is None or b.ptr % width == 0 for b in buffers):
+            return width
+    return 1
+
+
+@device
+def _ld16(p, i):
+    return ld16(p, i)
+
+
+@device
+def _st16(p, i, v):
+    st16(p, i, v[0], v[1])
+
+
+@device
+def _stz16(p, i):
+    st16(p, i, np.uint64(0), np.uint64(0))
+
+
+@device
+def _ld(p, i):
+    return p[i]
+
+
+@device
+def _st(p, i, v):
+    p[i] = v
+
+
+@device
+def _stz(p, i):
+    p[i] = 0
+
+
+def word_ops(width):
+    """(load, store, store_zero) device functions for words of ``width`` bytes."""
+    if width == 16:
+        return _ld16, _st16, _stz16
+    return _ld, _st, _stz

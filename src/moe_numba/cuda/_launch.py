@@ -1,0 +1,119 @@
+"""The raw launcher: numba compiles, ``cuda.core.launch`` launches.
+
+numba's dispatcher costs 25-260 us of host time per launch (argument typing, DLPack exports,
+a context lookup); a kernel compiled for an explicit signature of ``CPointer``s and int64
+scalars and launched with ``cuda.core.launch`` costs 5-8 us (notes/launch-overhead.md).
+So every kernel of this package is
+
+- a lazy ``@cuda.jit`` dispatcher (nothing compiles at import),
+- compiled once per explicit signature on first use (``dispatcher.compile(sig)``), its
+  ``cuda.core`` kernel object cached per device,
+- launched with raw device addresses (Python ints) on the caller's stream.
+
+Under the CUDA simulator the same dispatcher is called the normal way with the NumPy arrays
+that back the simulated buffers (``DeviceBuffer.kernel_arg``); the simulator ignores the
+signature.
+
+``kernel.compile(sig)`` relies on numba-cuda internals (``_Kernel.library.get_cufunc()
+.kernel``, present since 0.23); the package pins numba-cuda to 0.30.x.
+"""
+
+from __future__ import annotations
+
+from numba import config, cuda
+
+SIM = bool(config.ENABLE_CUDASIM)
+
+if not SIM:
+    from cuda.bindings import driver as _driver
+    from cuda.core import LaunchConfig, Stream, launch
+
+
+def jit(fn, max_registers=None):
+    """A lazy kernel dispatcher (compiled per signature on first use).
+
+    ``max_registers`` caps registers per thread on a GPU (needed for 1024-thread blocks:
+    64 at most); the simulator takes no such option.
+    """
+    if SIM or max_registers is None:
+        return cuda.jit(fn)
+    return cuda.jit(max_registers=max_registers)(fn)
+
+
+class RawKernel:
+    """One kernel body compiled for one explicit signature."""
+
+    __slots__ = ("dispatcher", "name", "signature", "_by_device")
+
+    def __init__(self, dispatcher, signature, name=None):
+        self.dispatcher = dispatcher
+        self.signature = signature
+        self.name = name or getattr(dispatcher, "__name__", "kernel")
+        self._by_device = {}
+
+    @property
+    def py_func(self):
+        return self.dispatcher.py_func
+
+    def cu_kernel(self, device_id):
+        """The ``cuda.core`` kernel for ``device_id`` (compiled and loaded on first use)."""
+        kernel = self._by_device.get(device_id)
+        if kernel is None:
+            compiled = self.dispatcher.compile(self.signature)
+            kernel = compiled.library.get_cufunc().kernel
+            expected = len(self.signature.args)
+            if kernel.num_arguments != expected:  # cuda.core does not check argument counts
+                raise RuntimeError(
+                    f"{self.name}: compiled kernel takes {kernel.num_arguments} parameters, "
+                    f"expected {expected}"
+                )
+            self._by_device[device_id] = kernel
+        return kernel
+
+
+_STREAMS = {}
+_CONFIGS = {}
+
+
+def _current_device():
+    success = _driver.CUresult.CUDA_SUCCESS
+    err, device = _driver.cuCtxGetDevice()
+    if err != success:
+        cuda.current_context()  # no current context: numba makes device 0's primary current
+        err, device = _driver.cuCtxGetDevice()
+        if err != success:
+            raise RuntimeError(f"no current CUDA context ({err})")
+    return int(device)
+
+
+class Launcher:
+    """Launches kernels on one stream of the current device (one per library call).
+
+    ``stream`` is a ``CUstream`` handle as an int (0: the legacy default stream).
+    """
+
+    __slots__ = ("device", "stream")
+
+    def __init__(self, stream):
+        if SIM:
+            self.device = self.stream = None
+            return
+        self.device = _current_device()
+        key = (self.device, int(stream))
+        s = _STREAMS.get(key)
+        if s is None:
+            s = _STREAMS[key] = Stream.from_handle(int(stream))
+        self.stream = s
+
+    def __call__(self, kernel, grid, block, args, shmem=0):
+        """Launch ``kernel`` (a :class:`RawKernel`) with ``args`` (ints or simulator arrays)."""
+        if SIM:
+            kernel.dispatcher[grid, block, 0, shmem](*args)
+            return
+        key = (grid, block, shmem)
+        launch_config = _CONFIGS.get(key)
+        if launch_config is None:
+            if len(_CONFIGS) > 4096:  # grids vary with the token count: keep the cache bounded
+                _CONFIGS.clear()
+            launch_config = _CONFIGS[key] = LaunchConfig(grid=grid, block=block, shmem_size=shmem)
+        launch(self.stream, launch_config, kernel.cu_kernel(self.device), *args)

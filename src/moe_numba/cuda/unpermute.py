@@ -1,0 +1,427 @@
+"""moe_unpermute on the GPU: combine -> finalize.
+
+``combine``  one block per token. The block reads the token's rowmap row and compacts its
+             valid rows (``0 <= rowmap[t, e] < R``) in ascending expert order into a shared
+             list (ballot prefix counts), writes the token's ``expert_prob_topk`` row and
+             its smallest bad rowmap entry / bad routing slot to scratch, then combines
+             column words: each thread owns whole words (16 bytes when the row allows: 8
+             bf16/fp16 or 4 float32 lanes), loads them from four rows at a time and folds
+             them into float32 accumulators in list order (``cuda.fma`` for the weighted
+             combine, the only multiply-add of the float path), then rounds once (or after
+             every step when ``mix_precision`` is off) to the data type, NaN made canonical.
+             A token with more valid rows than the list holds (only with malformed rowmaps
+             and E > LMAX) walks its rowmap row directly instead.
+``finalize`` one block: reduces the per-token status minima and writes the four status words.
+
+Kernels are built per (word width, data type, weighted, mix_precision) and compiled per
+signature on first use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32, int32, int64, uint32
+from numba.cuda import types
+
+from .. import _abi
+from . import _convert as cv
+from ._copy import word_ops
+from ._launch import Launcher, RawKernel, jit
+from ._primitives import BIG, TMP_WORDS, block_flag_prefix, block_min_i64, device
+
+COMBINE_BD = 256  # most threads of a combine block
+MIN_BD = 32  # fewest threads of a combine block (a warp)
+LMAX = 256  # rows a token's shared list holds
+FIN_BD = 1024  # threads of the finalize block
+
+P = types.CPointer
+_RT = {4: types.int32, 8: types.int64}
+_ITEMSIZE = {_abi.DATA_FLOAT32: 4, _abi.DATA_BFLOAT16: 2, _abi.DATA_FLOAT16: 2}
+_WORD_TYPE = {16: types.uint64, 8: types.uint64, 4: types.uint32, 2: types.uint16}
+_WORD_DTYPE = {16: np.uint64, 8: np.uint64, 4: np.uint32, 2: np.uint16}
+
+_M32 = np.uint64(0xFFFFFFFF)
+
+
+# uint32 unit j of a word, per word width (j is a constant once the lane loops unroll)
+@device
+def _unit16(v, j):
+    q = v[j >> 1]
+    if (j & 1) == 0:
+        return np.uint32(q & _M32)
+    return np.uint32(q >> np.uint64(32))
+
+
+@device
+def _unit8(v, j):
+    if j == 0:
+        return np.uint32(v & _M32)
+    return np.uint32(v >> np.uint64(32))
+
+
+@device
+def _unit4(v, j):
+    return np.uint32(v)
+
+
+_UNIT = {16: _unit16, 8: _unit8, 4: _unit4, 2: _unit4}
+
+
+@device
+def _join16(u):
+    lo = np.uint64(u[0]) | (np.uint64(u[1]) << np.uint64(32))
+    hi = np.uint64(u[2]) | (np.uint64(u[3]) << np.uint64(32))
+    return (lo, hi)
+
+
+@device
+def _join8(u):
+    return np.uint64(u[0]) | (np.uint64(u[1]) << np.uint64(32))
+
+
+@device
+def _join4(u):
+    return np.uint32(u[0])
+
+
+@device
+def _join2(u):
+    return np.uint16(u[0])
+
+
+_JOIN = {16: _join16, 8: _join8, 4: _join4, 2: _join2}
+
+
+def _make_lane_ops(width, data_type):
+    """(lane(v, i) -> float32, to_bits(f) -> uint32, round_trip(f) -> float32)."""
+    unit = _UNIT[width]
+    if data_type == _abi.DATA_FLOAT32:
+
+        @device
+        def lane(v, i):
+            return cv.f32_from_bits(unit(v, i))
+
+        @device
+        def to_bits(f):
+            return cv.f32_canonical_bits(f)
+
+        @device
+        def round_trip(f):
+            return f
+
+    elif data_type == _abi.DATA_BFLOAT16:
+
+        @device
+        def lane(v, i):
+            x = unit(v, i >> 1)
+            if (i & 1) == 0:
+                return cv.f32_from_bits(x << np.uint32(16))
+            return cv.f32_from_bits(x & np.uint32(0xFFFF0000))
+
+        @device
+        def to_bits(f):
+            return cv.f32_to_bf16(f)
+
+        @device
+        def round_trip(f):
+            return cv.bf16_to_f32(cv.f32_to_bf16(f))
+
+    else:
+
+        @device
+        def lane(v, i):
+            x = unit(v, i >> 1)
+            if (i & 1) == 0:
+                return cv.f16_to_f32(x & np.uint32(0xFFFF))
+            return cv.f16_to_f32(x >> np.uint32(16))
+
+        @device
+        def to_bits(f):
+            return cv.f32_to_f16(f)
+
+        @device
+        def round_trip(f):
+            return cv.f16_to_f32(cv.f32_to_f16(f))
+
+    return lane, to_bits, round_trip
+
+
+def _make_combine(width, data_type, weighted, mix):
+    """The combine kernel body for one (word width, data type, weighted, mix) variant."""
+    esize = _ITEMSIZE[data_type]
+    NL = width // esize  # lanes per word
+    NU = max(1, width // 4)  # uint32 units per word
+    PER_UNIT = 1 if esize == 4 else 2
+    ld = word_ops(width)[0]
+    st = word_ops(width)[1]
+    join = _JOIN[width]
+    lane, to_bits, round_trip = _make_lane_ops(width, data_type)
+    WEIGHTED = bool(weighted)
+    MIX = bool(mix)
+
+    @device
+    def step(acc, v, p):
+        for i in range(NL):
+            x = lane(v, i)
+            if WEIGHTED:
+                a = cuda.fma(x, p, acc[i])
+            else:
+                a = acc[i] + x
+            if not MIX:
+                a = round_trip(a)
+            acc[i] = a
+
+    @device
+    def pack(acc):
+        u = cuda.local.array(NU, uint32)
+        for j in range(NU):
+            u[j] = np.uint32(0)
+        for i in range(NL):
+            b = to_bits(acc[i])
+            if PER_UNIT == 1:
+                u[i] = b
+            elif (i & 1) == 0:
+                u[i >> 1] = u[i >> 1] | b
+            else:
+                u[i >> 1] = u[i >> 1] | (b << np.uint32(16))
+        return join(u)
+
+    def combine(rows, rowmap, routemap, probs, out, out_probs, part, T, R, E, K, nw):
+        lst_row = cuda.shared.array(LMAX, int32)
+        tmp = cuda.shared.array(TMP_WORDS, int64)
+        tid = cuda.threadIdx.x
+        bd = cuda.blockDim.x
+        t = int64(cuda.blockIdx.x)
+
+        # 1) the token's valid rows, ascending expert id; smallest bad rowmap entry
+        n = int64(0)
+        bad_row = BIG
+        for e0 in range(0, E, bd):
+            e = e0 + tid
+            r = int64(-1)
+            if e < E:
+                f = t * E + e
+                r = int64(rowmap[f])
+                if r < -1 or r >= R:
+                    if f < bad_row:
+                        bad_row = f
+                    r = -1
+            pos, cnt = block_flag_prefix(r >= 0, tmp)
+            if r >= 0:
+                q = n + pos
+                if q < LMAX:
+                    lst_row[q] = r
+            n += cnt
+
+        # 2) expert_prob_topk; smallest bad routing slot
+        bad_id = BIG
+        for k in range(tid, K, bd):
+            g = t * K + k
+            i = int64(routemap[g])
+            p = float32(0)
+            if i < -1 or i >= E:
+                if g < bad_id:
+                    bad_id = g
+            elif i >= 0:
+                r = int64(rowmap[t * E + i])
+                if r >= 0 and r < R:
+                    p = probs[r]
+            out_probs[g] = p
+        bad_row = block_min_i64(bad_row, tmp)  # (synchronises: the list is complete)
+        bad_id = block_min_i64(bad_id, tmp)
+        if tid == 0:
+            part[2 * t] = bad_row
+            part[2 * t + 1] = bad_id
+
+        # 3) combine the rows, word by word
+        acc = cuda.local.array(NL, float32)
+        ob = t * nw
+        if n <= LMAX:
+            for w in range(tid, nw, bd):
+                for i in range(NL):
+                    acc[i] = float32(0)
+                j = 0
+                p0 = p1 = p2 = p3 = float32(0)
+                while j + 4 <= n:
+                    r0 = int64(lst_row[j])
+                    r1 = int64(lst_row[j + 1])
+                    r2 = int64(lst_row[j + 2])
+                    r3 = int64(lst_row[j + 3])
+                    v0 = ld(rows, r0 * nw + w)
+                    v1 = ld(rows, r1 * nw + w)
+                    v2 = ld(rows, r2 * nw + w)
+                    v3 = ld(rows, r3 * nw + w)
+                    if WEIGHTED:  # (loaded next to the rows: no extra round trip)
+                        p0 = probs[r0]
+                        p1 = probs[r1]
+                        p2 = probs[r2]
+                        p3 = probs[r3]
+                    step(acc, v0, p0)
+                    step(acc, v1, p1)
+                    step(acc, v2, p2)
+                    step(acc, v3, p3)
+                    j += 4
+                while j < n:
+                    r0 = int64(lst_row[j])
+                    v0 = ld(rows, r0 * nw + w)
+                    if WEIGHTED:
+                        p0 = probs[r0]
+                    step(acc, v0, p0)
+                    j += 1
+                st(out, ob + w, pack(acc))
+        else:
+            for w in range(tid, nw, bd):
+                for i in range(NL):
+                    acc[i] = float32(0)
+                for e in range(E):
+                    r = int64(rowmap[t * E + e])
+                    if r >= 0 and r < R:
+                        step(acc, ld(rows, r * nw + w), probs[r])
+                st(out, ob + w, pack(acc))
+
+    return combine
+
+
+def _finalize_body(part, rowmap, routemap, status, nparts):
+    tmp = cuda.shared.array(TMP_WORDS, int64)
+    tid = cuda.threadIdx.x
+    bd = cuda.blockDim.x
+    bad_row = BIG
+    bad_id = BIG
+    for i in range(tid, nparts, bd):
+        v = part[2 * i]
+        if v < bad_row:
+            bad_row = v
+        v = part[2 * i + 1]
+        if v < bad_id:
+            bad_id = v
+    bad_row = block_min_i64(bad_row, tmp)
+    bad_id = block_min_i64(bad_id, tmp)
+    if tid == 0:
+        if bad_id == BIG:
+            status[_abi.UNPERMUTE_BAD_ID] = -1
+            status[_abi.UNPERMUTE_BAD_ID_VALUE] = -1
+        else:
+            status[_abi.UNPERMUTE_BAD_ID] = bad_id
+            status[_abi.UNPERMUTE_BAD_ID_VALUE] = int64(routemap[bad_id])
+        if bad_row == BIG:
+            status[_abi.UNPERMUTE_BAD_ROW] = -1
+            status[_abi.UNPERMUTE_BAD_ROW_VALUE] = -1
+        else:
+            status[_abi.UNPERMUTE_BAD_ROW] = bad_row
+            status[_abi.UNPERMUTE_BAD_ROW_VALUE] = int64(rowmap[bad_row])
+
+
+# ------------------------------------------------------------------------------------------
+# kernels, compiled per signature on first use
+
+_finalize_jit = jit(_finalize_body, max_registers=64)  # 1024-thread block
+_combine_jit = {}
+_KERNELS = {}
+_I32P, _I64P, _F32P = P(types.int32), P(types.int64), P(types.float32)
+_I = types.int64
+
+
+def _combine_sig(width, rt):
+    wt = P(_WORD_TYPE[width])
+    return types.void(wt, _I32P, P(rt), _F32P, wt, _F32P, _I64P, *([_I] * 5))
+
+
+def _finalize_sig(rt):
+    return types.void(_I64P, _I32P, P(rt), _I64P, _I)
+
+
+def _combine_dispatcher(width, data_type, weighted, mix):
+    key = (width, data_type, bool(weighted), bool(mix))
+    d = _combine_jit.get(key)
+    if d is None:
+        d = _combine_jit[key] = jit(_make_combine(*key))
+    return d
+
+
+def _widths(data_type):
+    return (16, 8, 4) if data_type == _abi.DATA_FLOAT32 else (16, 8, 4, 2)
+
+
+def _kernel(name, *key):
+    k = _KERNELS.get((name, key))
+    if k is None:
+        if name == "finalize":
+            k = RawKernel(_finalize_jit, _finalize_sig(_RT[key[0]]), "finalize")
+        else:
+            width, data_type, weighted, mix, ri = key
+            k = RawKernel(_combine_dispatcher(width, data_type, weighted, mix),
+                          _combine_sig(width, _RT[ri]),
+                          f"combine_w{width}_d{data_type}_{int(weighted)}{int(mix)}")
+        _KERNELS[(name, key)] = k
+    return k
+
+
+def all_kernels():
+    """Every (name, python function, signature) this module can launch (for the PTX test)."""
+    out = []
+    for ri in (4, 8):
+        rt = _RT[ri]
+        out.append((f"finalize_i{ri * 8}", _finalize_body, _finalize_sig(rt)))
+        for data_type in (_abi.DATA_FLOAT32, _abi.DATA_BFLOAT16, _abi.DATA_FLOAT16):
+            for width in _widths(data_type):
+                for weighted in (False, True):
+                    for mix in (False, True):
+                        fn = _combine_dispatcher(width, data_type, weighted, mix).py_func
+                        out.append((f"combine_w{width}_d{data_type}_{int(weighted)}{int(mix)}"
+                                    f"_i{ri * 8}", fn, _combine_sig(width, rt)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# host side
+
+
+def _combine_block(words):
+    bd = MIN_BD
+    while bd < COMBINE_BD and bd * 2 < words:
+        bd *= 2
+    return bd
+
+
+def _width(row_bytes, data_type, *buffers):
+    for width in _widths(data_type):
+        if row_bytes % width == 0 and all(b.ptr % width == 0 for b in buffers):
+            return width
+    return _ITEMSIZE[data_type]
+
+
+def unpermute(rows, rowmap, routemap, probs, *, num_tokens, num_rows, hidden, num_experts,
+              topk, data_type, routemap_itemsize, weighted, mix_precision, out_hidden,
+              out_probs, status, alloc, stream):
+    """Run moe_unpermute's kernels on ``stream``; see the module docstring and SPEC.md.
+
+    Every output element and every status word is written. Nothing is synchronised.
+    """
+    T, R, H, E, K = int(num_tokens), int(num_rows), int(hidden), int(num_experts), int(topk)
+    ri = int(routemap_itemsize)
+    rt_dtype = np.int32 if ri == 4 else np.int64
+    esize = _ITEMSIZE[data_type]
+    width = _width(H * esize, data_type, rows, out_hidden)
+    nw = H * esize // width
+    wd = _WORD_DTYPE[width]
+
+    scratch = alloc(16 * max(T, 1))
+    part = scratch.kernel_arg(np.int64)
+    rm = routemap.kernel_arg(rt_dtype)
+    rmap = rowmap.kernel_arg(np.int32)
+    launch = Launcher(stream)
+    if T > 0:
+        launch(_kernel("combine", width, data_type, bool(weighted), bool(mix_precision), ri),
+               T, _combine_block(nw),
+               (rows.kernel_arg(wd) if R else _dummy(wd), rmap, rm,
+                probs.kernel_arg(np.float32) if R else _dummy(np.float32),
+                out_hidden.kernel_arg(wd), out_probs.kernel_arg(np.float32), part,
+                T, R, E, K, nw))
+    launch(_kernel("finalize", ri), 1, FIN_BD, (part, rmap, rm, status.kernel_arg(np.int64), T))
+
+
+def _dummy(dtype):
+    from ._launch import SIM
+
+    return np.zeros(2, dtype) if SIM else 0

@@ -1,0 +1,398 @@
+"""The GPU backend's kernels called directly (``moe_numba.cuda.permute.permute`` and
+``moe_numba.cuda.unpermute.unpermute``) in numba's CUDA simulator, bit for bit against the
+NumPy oracle.
+
+Block sizes are patched down so that tiny inputs still span several token chunks, expert
+tiles, destination batches, padding blocks and list overflows. Outputs and scratch are
+poisoned first, so an element a kernel forgets to write shows up as a mismatch. The
+simulator's ``cuda.fma`` rounds twice; it is replaced here by a correctly rounded fma so the
+weighted combine is compared exactly too.
+"""
+
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+from numba import config, cuda
+
+pytestmark = pytest.mark.skipif(
+    not config.ENABLE_CUDASIM, reason="calls the kernels with host arrays: needs NUMBA_ENABLE_CUDASIM=1"
+)
+
+
+def _unbreak_numba_cuda_redirector():
+    """numba-cuda's import redirector claims every module whose name contains "numba.cuda",
+    ``moe_numba.cuda`` included, and then recurses forever; make it skip other names."""
+    for finder in sys.meta_path:
+        if type(finder).__name__ == "NumbaCudaFinder" and not getattr(finder, "_moe_fixed", 0):
+            original = finder.find_spec
+
+            def find_spec(name, path, target=None, _original=original):
+                if not (name == "numba.cuda" or name.startswith("numba.cuda.")):
+                    return None
+                return _original(name, path, target)
+
+            finder.find_spec = find_spec
+            finder._moe_fixed = 1
+
+
+_unbreak_numba_cuda_redirector()
+
+from moe_numba import _abi, _oracle  # noqa: E402
+
+if config.ENABLE_CUDASIM:
+    from moe_numba.cuda import _convert  # noqa: E402
+    from moe_numba.cuda import permute as PM  # noqa: E402
+    from moe_numba.cuda import unpermute as UP  # noqa: E402
+    from moe_numba.cuda._buffer import DeviceBuffer  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def small_geometry(monkeypatch):
+    """Tiny blocks: a chunk is 32 tokens, a count block sees 4 experts, a token block 4
+    destinations, a padding block 8 rows, a token's list 256 rows (4 in one test)."""
+    for name, value in dict(CT=32, ETILE=4, COUNT_BITS=4, COUNT_BD=16, SCAN_BD=64, GATHER_BD=16,
+                            MIN_BD=8, PAD_ROWS=8, DMAX=4).items():
+        monkeypatch.setattr(PM, name, value)
+    for name, value in dict(COMBINE_BD=16, MIN_BD=8, FIN_BD=32).items():
+        monkeypatch.setattr(UP, name, value)
+    from numba.cuda.simulator import kernelapi
+
+    def exact_fma(self, a, b, c):
+        return np.float32(_oracle.fma_float32(a, b, c))
+
+    monkeypatch.setattr(kernelapi.FakeCUDAModule, "fma", exact_fma)
+
+
+def buf(a):
+    a = np.ascontiguousarray(a)
+    return DeviceBuffer(0, a.nbytes, a)
+
+
+class Alloc:
+    """Scratch from a poisoned pool; counts the calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, nbytes):
+        self.calls += 1
+        size = max(16, -(-nbytes // 16) * 16)
+        return DeviceBuffer(0, nbytes, np.full(size, 0xA5, np.uint8))
+
+
+def random_routemap(rng, T, K, E, dtype=np.int32, fill=0.8):
+    rm = np.full((T, K), -1, dtype)
+    for t in range(T):
+        n = min(E, int(rng.binomial(K, fill)))
+        rm[t, :n] = rng.choice(E, n, replace=False)
+        rng.shuffle(rm[t])
+    return rm
+
+
+def counts_of(rm, E):
+    c = np.zeros(E, np.int64)
+    for row in rm:
+        for e in {int(x) for x in row if 0 <= x < E}:
+            c[e] += 1
+    return c
+
+
+def run_permute(hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=True,
+                override=-1, poison=0x5A):
+    """Run the kernels and the oracle; assert every output and status word is identical."""
+    T, K = rm.shape
+    (expected, status_expected) = _oracle.permute(hidden, scale, rm, probs, E, tpe, A,
+                                                  do_gather, indices, override)
+    R = expected[2].shape[0]
+    H = hidden.shape[1]
+    bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[hidden.dtype.itemsize]
+    out_hidden = np.full((R, H), poison, bits) if do_gather else None
+    out_scale = (np.full((R, scale.shape[1]), poison, np.uint32)
+                 if (do_gather and scale is not None) else None)
+    out_rowmap = np.full((T, E), 0x5A5A, np.int32)
+    out_probs = np.full(R, 0x5A5A5A5A, np.uint32)
+    out_indices = np.full(R, 0x5A5A, np.int32) if indices else None
+    status = np.full(_abi.PERMUTE_STATUS_LEN, 0x5A, np.int64)
+    alloc = Alloc()
+    gather_scale = do_gather and scale is not None
+    PM.permute(
+        buf(hidden.view(bits)) if do_gather else None,
+        buf(scale.view(np.uint32)) if gather_scale else None,
+        buf(rm), buf(probs), None if override >= 0 else buf(np.asarray(tpe, np.int64)),
+        num_tokens=T, topk=K, num_experts=E, alignment=A, num_rows=R,
+        hidden_row_bytes=H * hidden.dtype.itemsize,
+        scale_row_bytes=scale.shape[1] * 4 if gather_scale else 0,
+        routemap_itemsize=rm.dtype.itemsize,
+        out_hidden=None if out_hidden is None else buf(out_hidden),
+        out_scale=None if out_scale is None else buf(out_scale),
+        out_rowmap=buf(out_rowmap), out_probs=buf(out_probs),
+        out_indices=None if out_indices is None else buf(out_indices),
+        status=buf(status), alloc=alloc, stream=0,
+    )
+    assert alloc.calls == 1
+    np.testing.assert_array_equal(status, status_expected)
+    np.testing.assert_array_equal(out_rowmap, expected[1])
+    np.testing.assert_array_equal(out_probs, expected[2].view(np.uint32))
+    if do_gather:
+        np.testing.assert_array_equal(out_hidden, expected[0].view(bits))
+    if gather_scale:
+        np.testing.assert_array_equal(out_scale, expected[3].view(np.uint32))
+    if indices:
+        np.testing.assert_array_equal(out_indices, expected[4])
+    return status
+
+
+# ---------------------------------------------------------------------------------------
+# permute
+
+
+def test_permute_bf16_odd_hidden_with_scale():
+    rng = np.random.default_rng(0)
+    T, K, E, H, A = 70, 6, 10, 5, 4  # 3 chunks, 3 expert tiles, 2 destination batches
+    rm = random_routemap(rng, T, K, E)
+    probs = rng.random((T, K), dtype=np.float32)
+    hidden = rng.standard_normal((T, H)).astype(ml_dtypes.bfloat16)
+    scale = rng.random((T, 3), dtype=np.float32)
+    status = run_permute(hidden, scale, rm, probs, E, counts_of(rm, E), A)
+    assert (status == -1).all()
+
+
+def test_permute_wide_words_int64_routemap():
+    rng = np.random.default_rng(1)
+    T, K, E, H, A = 40, 3, 5, 16, 8  # bf16 rows of 32 bytes: 16-byte words; scale 8-byte
+    rm = random_routemap(rng, T, K, E, np.int64)
+    probs = rng.random((T, K), dtype=np.float32)
+    hidden = rng.standard_normal((T, H)).astype(ml_dtypes.bfloat16)
+    scale = rng.random((T, 2), dtype=np.float32)
+    run_permute(hidden, scale, rm, probs, E, counts_of(rm, E), A)
+
+
+def test_permute_fp8_rows_and_special_bits():
+    rng = np.random.default_rng(2)
+    T, K, E, H, A = 33, 2, 3, 3, 3  # 3-byte rows: 1-byte words; alignment not a power of 2
+    rm = random_routemap(rng, T, K, E)
+    probs = rng.random((T, K), dtype=np.float32)
+    probs[0, 0] = np.float32(-0.0)
+    probs.view(np.uint32)[1, :] = 0x7FC01234  # NaN payloads survive
+    hidden = rng.integers(0, 256, (T, H), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+    scale = rng.random((T, 1), dtype=np.float32)
+    run_permute(hidden, scale, rm, probs, E, counts_of(rm, E), A)
+
+
+def test_permute_malformed_routing_and_capacities():
+    rng = np.random.default_rng(3)
+    T, K, E, H, A = 50, 4, 6, 4, 2
+    rm = random_routemap(rng, T, K, E, np.int64)
+    rm[7, 1] = 99  # bad id
+    rm[3, 3] = -7  # bad id (earlier)
+    rm[9, :2] = [2, 2]  # repeated expert: the first slot counts
+    rm[20, 0], rm[20, 3] = 4, 4
+    probs = rng.random((T, K), dtype=np.float32)
+    hidden = rng.standard_normal((T, H)).astype(np.float16)
+    tpe = counts_of(rm, E)
+    tpe[1] += 5  # more capacity than tokens: padding rows
+    tpe[4] = max(0, tpe[4] - 3)  # less: the last tokens are dropped
+    tpe[5] = 0
+    status = run_permute(hidden, None, rm, probs, E, tpe, A)
+    assert status[_abi.PERMUTE_BAD_ID] == 3 * K + 3
+    assert status[_abi.PERMUTE_DUPLICATE] == 9 * K + 1
+    assert status[_abi.PERMUTE_MISMATCH] == 1
+
+
+@pytest.mark.parametrize("rows", [0, 23, 200])
+def test_permute_override(rows):
+    rng = np.random.default_rng(4)
+    T, K, E, H, A = 36, 3, 5, 2, 4
+    rm = random_routemap(rng, T, K, E)
+    probs = rng.random((T, K), dtype=np.float32)
+    hidden = rng.standard_normal((T, H)).astype(np.float32)  # 8-byte rows
+    status = run_permute(hidden, None, rm, probs, E, None, A, override=rows)
+    needed = int((-(-counts_of(rm, E) // A) * A).sum())
+    assert status[_abi.PERMUTE_ROWS_NEEDED] == (needed if needed > rows else -1)
+
+
+def test_permute_no_gather_no_indices():
+    rng = np.random.default_rng(5)
+    T, K, E, A = 40, 2, 7, 5
+    rm = random_routemap(rng, T, K, E)
+    probs = rng.random((T, K), dtype=np.float32)
+    hidden = np.zeros((T, 6), ml_dtypes.bfloat16)
+    run_permute(hidden, None, rm, probs, E, counts_of(rm, E), A, do_gather=False, indices=False)
+
+
+def test_permute_single_expert_topk_above_experts():
+    rng = np.random.default_rng(6)
+    T, K, E, H = 20, 3, 1, 1
+    rm = np.full((T, K), -1, np.int32)
+    rm[::2, 1] = 0
+    rm[1::4, 2] = 0
+    probs = rng.random((T, K), dtype=np.float32)
+    hidden = rng.standard_normal((T, H)).astype(ml_dtypes.bfloat16)
+    run_permute(hidden, None, rm, probs, E, counts_of(rm, E), 1)
+
+
+def test_permute_empty_routing_and_zero_tokens():
+    rng = np.random.default_rng(7)
+    rm = np.full((9, 2), -1, np.int32)
+    probs = rng.random((9, 2), dtype=np.float32)
+    hidden = rng.standard_normal((9, 3)).astype(np.float32)
+    run_permute(hidden, None, rm, probs, 3, [0, 0, 0], 4)
+    run_permute(hidden, None, rm, probs, 3, [0, 2, 0], 4)  # capacity without tokens: padding
+    empty = np.zeros((0, 2), np.int32)
+    run_permute(hidden[:0], None, empty, probs[:0], 3, [0, 0, 0], 4)
+    run_permute(hidden[:0], None, empty, probs[:0], 3, [1, 0, 0], 4)
+
+
+# ---------------------------------------------------------------------------------------
+# unpermute
+
+
+def run_unpermute(rows, rowmap, rm, probs, E, weighted, mix):
+    T, K = rm.shape
+    R, H = rows.shape
+    (expected, expected_probs), status_expected = _oracle.unpermute(
+        rows, rowmap, rm, probs, T, E, mix, weighted)
+    code = {np.dtype(np.float32): _abi.DATA_FLOAT32, np.dtype(ml_dtypes.bfloat16):
+            _abi.DATA_BFLOAT16, np.dtype(np.float16): _abi.DATA_FLOAT16}[rows.dtype]
+    bits = np.uint32 if code == _abi.DATA_FLOAT32 else np.uint16
+    out = np.full((T, H), 0x5A5A, bits)
+    out_probs = np.full((T, K), 0x5A5A5A5A, np.uint32)
+    status = np.full(_abi.UNPERMUTE_STATUS_LEN, 0x5A, np.int64)
+    alloc = Alloc()
+    UP.unpermute(buf(rows.view(bits)), buf(rowmap), buf(rm), buf(probs), num_tokens=T,
+                 num_rows=R, hidden=H, num_experts=E, topk=K, data_type=code,
+                 routemap_itemsize=rm.dtype.itemsize, weighted=weighted, mix_precision=mix,
+                 out_hidden=buf(out), out_probs=buf(out_probs.view(np.float32)),
+                 status=buf(status), alloc=alloc, stream=0)
+    assert alloc.calls == 1
+    np.testing.assert_array_equal(status, status_expected)
+    np.testing.assert_array_equal(out_probs, expected_probs.view(np.uint32))
+    np.testing.assert_array_equal(out, expected.view(bits))
+    return status
+
+
+def unzipped(rng, T, K, E, R, dtype, H, scale=1.0):
+    """A permuted layout: rows, rowmap, routemap, probs."""
+    rm = random_routemap(rng, T, K, E)
+    rowmap = np.full((T, E), -1, np.int32)
+    free = rng.permutation(R)
+    i = 0
+    for t in range(T):
+        for e in rm[t]:
+            if e >= 0 and i < R:
+                rowmap[t, e] = free[i]
+                i += 1
+    rows = (rng.standard_normal((R, H)) * scale).astype(dtype)
+    probs = rng.random(R, dtype=np.float32)
+    return rows, rowmap, rm, probs
+
+
+CASES = [  # (dtype, H): the row sizes pick 16-, 8-, 4- and 2-byte words
+    (np.float32, 4), (np.float32, 2), (np.float32, 3),
+    (ml_dtypes.bfloat16, 8), (ml_dtypes.bfloat16, 6), (ml_dtypes.bfloat16, 3),
+    (np.float16, 12), (np.float16, 4), (np.float16, 1),
+]
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["sum", "weighted"])
+@pytest.mark.parametrize("mix", [True, False], ids=["mix", "nomix"])
+@pytest.mark.parametrize("dtype,H", CASES[::4] + CASES[1::4][:1],
+                         ids=lambda x: getattr(x, "__name__", str(x)))
+def test_unpermute_flags(dtype, H, weighted, mix):
+    rng = np.random.default_rng(10 + H)
+    rows, rowmap, rm, probs = unzipped(rng, 9, 4, 6, 30, dtype, H, scale=50.0)
+    status = run_unpermute(rows, rowmap, rm, probs, 6, weighted, mix)
+    assert (status == -1).all()
+
+
+@pytest.mark.parametrize("dtype,H", CASES, ids=lambda x: getattr(x, "__name__", str(x)))
+def test_unpermute_word_widths(dtype, H):
+    rng = np.random.default_rng(20 + H)
+    rows, rowmap, rm, probs = unzipped(rng, 6, 3, 5, 16, dtype, H)
+    run_unpermute(rows, rowmap, rm, probs, 5, True, True)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
+def test_unpermute_special_values(dtype):
+    """Subnormals, infinities, NaNs (made canonical) and overflow to infinity."""
+    rng = np.random.default_rng(30)
+    T, K, E, R, H = 6, 3, 4, 14, 8
+    rows, rowmap, rm, probs = unzipped(rng, T, K, E, R, dtype, H)
+    info = ml_dtypes.finfo(dtype)
+    flat = rows.reshape(-1)
+    flat[0::5] = np.asarray(info.smallest_subnormal, dtype)
+    flat[1::7] = np.asarray(info.max, dtype)
+    flat[2::11] = np.asarray(np.inf, dtype)
+    flat[3::13] = np.asarray(-np.inf, dtype)
+    flat[4::17] = np.asarray(np.nan, dtype)
+    flat[5::19] = -np.asarray(info.tiny, dtype) * 3
+    for weighted in (False, True):
+        run_unpermute(rows, rowmap, rm, probs, E, weighted, True)
+    run_unpermute(rows, rowmap, rm, probs, E, False, False)
+
+
+def test_unpermute_malformed_and_list_overflow(monkeypatch):
+    monkeypatch.setattr(UP, "LMAX", 4)  # tokens with > 4 valid rows walk the rowmap instead
+    rng = np.random.default_rng(40)
+    T, K, E, R, H = 8, 3, 7, 30, 4
+    rows = rng.standard_normal((R, H)).astype(ml_dtypes.bfloat16)
+    rowmap = np.where(rng.random((T, E)) < 0.7, rng.integers(0, R, (T, E)), -1).astype(np.int32)
+    rowmap[2, 5] = R  # bad rows
+    rowmap[1, 6] = -3
+    rm = rng.integers(-1, E, (T, K)).astype(np.int64)
+    rm[4, 2] = E  # bad ids
+    rm[5, 0] = -2
+    probs = rng.random(R, dtype=np.float32)
+    status = run_unpermute(rows, rowmap, rm, probs, E, True, True)
+    assert status[_abi.UNPERMUTE_BAD_ROW] == 1 * E + 6
+    assert status[_abi.UNPERMUTE_BAD_ID] == 4 * K + 2
+    run_unpermute(rows, rowmap, rm, probs, E, False, False)
+
+
+def test_unpermute_empty():
+    rng = np.random.default_rng(50)
+    rows = np.zeros((0, 5), np.float16)
+    rowmap = np.full((4, 3), -1, np.int32)
+    rowmap[1, 2] = 0  # every entry >= 0 is out of range when R = 0
+    rm = rng.integers(-1, 3, (4, 2)).astype(np.int32)
+    run_unpermute(rows, rowmap, rm, np.zeros(0, np.float32), 3, True, True)
+    run_unpermute(rows, rowmap[:0], rm[:0], np.zeros(0, np.float32), 3, False, True)
+
+
+# ---------------------------------------------------------------------------------------
+# conversions
+
+
+def _conversion_kernel(x, bf16, f16, back16):
+    i = cuda.grid(1)
+    n = x.shape[0]
+    while i < n:
+        bf16[i] = _convert.f32_to_bf16(x[i])
+        f16[i] = _convert.f32_to_f16(x[i])
+        back16[i] = _convert.f16_to_f32(f16[i])
+        i += cuda.gridsize(1)
+
+
+def test_rounding_conversions():
+    rng = np.random.default_rng(60)
+    x = np.concatenate([
+        rng.integers(0, 2**32, 3000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+        # around every float16 boundary: subnormal range, ties, overflow
+        (np.float32(2.0) ** rng.integers(-27, 17, 1500)).astype(np.float32)
+        * rng.choice(np.float32([1, 1.5, 1.0009765625, 1.00048828125, 1.99951171875]), 1500),
+        np.float32([0, -0.0, np.inf, -np.inf, np.nan, 65504, 65519.996, 65520, 2**-24, 2**-25,
+                    3 * 2**-26, 2**-14, 2**-14 - 2**-25, 3.4028235e38]),
+    ]).astype(np.float32)
+    x[::3] *= -1
+    bf16 = np.zeros(x.size, np.uint32)
+    f16 = np.zeros(x.size, np.uint32)
+    back = np.zeros(x.size, np.float32)
+    cuda.jit(_conversion_kernel)[2, 32](x, bf16, f16, back)
+    expected_bf16 = _oracle.round_to(ml_dtypes.bfloat16, x).view(np.uint16)
+    expected_f16 = _oracle.round_to(np.float16, x).view(np.uint16)
+    np.testing.assert_array_equal(bf16, expected_bf16)
+    np.testing.assert_array_equal(f16, expected_f16)
+    np.testing.assert_array_equal(back.view(np.uint32),
+                                  expected_f16.view(np.float16).astype(np.float32).view(np.uint32))
