@@ -63,19 +63,22 @@ print(
 compile_args = ["-O3", "-ffp-contract=off", *omp]
 libraries = [] if sys.platform == "win32" else ["m"]
 
+# depends: rebuild when these change, and ship them in the sdist (cythonize swaps the .pyx
+# sources for the generated .c, so the .pyx is listed here too)
 extensions = [
     Extension(
         f"moe_cpu.{name}",
         [f"src/moe_cpu/{name}.pyx"],
-        depends=depends,
+        depends=[f"src/moe_cpu/{name}.pyx", *(f"src/moe_cpu/{d}" for d in depends)],
         extra_compile_args=compile_args,
         extra_link_args=omp,
         libraries=libraries,
     )
     for name, depends in [
-        ("_parallel", []),
-        ("_permute", ["src/moe_cpu/_parallel.pxd"]),
-        ("_unpermute", ["src/moe_cpu/_parallel.pxd", "src/moe_cpu/_combine.h"]),
+        ("_parallel", ["_parallel.pxd"]),
+        ("_memory", []),
+        ("_permute", ["_parallel.pxd"]),
+        ("_unpermute", ["_parallel.pxd", "_combine.h"]),
     ]
 ]
 

@@ -51,8 +51,10 @@ def main():
     args = ap.parse_args()
     T, H, K, E, A = args.tokens, args.hidden, args.topk, args.experts, args.alignment
     moe_cpu.set_num_threads(args.threads)
-    print(f"T={T} H={H} K={K} E={E} A={A} bf16, threads={moe_cpu.get_num_threads()}, "
-          f"OpenMP={moe_cpu.openmp_enabled()}")
+    print(
+        f"T={T} H={H} K={K} E={E} A={A} bf16, threads={moe_cpu.get_num_threads()}, "
+        f"OpenMP={moe_cpu.openmp_enabled()}"
+    )
 
     rng = np.random.default_rng(0)
     routemap = np.argsort(rng.random((T, E)), axis=1)[:, :K].astype(np.int32)
@@ -70,8 +72,21 @@ def main():
     hidden_bytes = hidden.view(np.uint8)
 
     def permute():
-        moe_cpu.permute(hidden_bytes, None, routemap, probs, counts, A, out_hidden, None,
-                        out_rowmap, out_probs, out_indices, status, True)
+        moe_cpu.permute(
+            hidden_bytes,
+            None,
+            routemap,
+            probs,
+            counts,
+            A,
+            out_hidden,
+            None,
+            out_rowmap,
+            out_probs,
+            out_indices,
+            status,
+            True,
+        )
 
     permute()
     assert (status == -1).all()
@@ -103,8 +118,18 @@ def main():
     ustatus = np.empty(_abi.UNPERMUTE_STATUS_LEN, np.int64)
 
     def unpermute():
-        moe_cpu.unpermute(rows, rowmap, routemap, row_probs, out_combined, out_prob_topk,
-                          ustatus, _abi.DATA_BFLOAT16, True, True)
+        moe_cpu.unpermute(
+            rows,
+            rowmap,
+            routemap,
+            row_probs,
+            out_combined,
+            out_prob_topk,
+            ustatus,
+            _abi.DATA_BFLOAT16,
+            True,
+            True,
+        )
 
     slot_rows = np.take_along_axis(rowmap, routemap.astype(np.int64), axis=1)  # [T, K]
     rows_bf16 = rows.view(ml_dtypes.bfloat16)
@@ -123,13 +148,21 @@ def main():
     copy_dst = {n: np.empty(n, np.uint8) for n in copy_src}
 
     cases = [
-        ("copy_rows (permute bytes)", lambda: moe_cpu.copy_rows(
-            copy_src[permute_bytes // 2], copy_dst[permute_bytes // 2]), permute_bytes),
+        (
+            "copy_rows (permute bytes)",
+            lambda: moe_cpu.copy_rows(copy_src[permute_bytes // 2], copy_dst[permute_bytes // 2]),
+            permute_bytes,
+        ),
         ("moe_cpu.permute", permute, permute_bytes),
         ("numpy gather only", numpy_gather, permute_bytes),
         ("numpy permute (layout+gather)", numpy_permute, permute_bytes),
-        ("copy_rows (unpermute bytes)", lambda: moe_cpu.copy_rows(
-            copy_src[unpermute_bytes // 2], copy_dst[unpermute_bytes // 2]), unpermute_bytes),
+        (
+            "copy_rows (unpermute bytes)",
+            lambda: moe_cpu.copy_rows(
+                copy_src[unpermute_bytes // 2], copy_dst[unpermute_bytes // 2]
+            ),
+            unpermute_bytes,
+        ),
         ("moe_cpu.unpermute weighted", unpermute, unpermute_bytes),
         ("numpy weighted combine", numpy_unpermute, unpermute_bytes),
     ]
@@ -146,15 +179,21 @@ def main():
     for name, _, nbytes in cases:
         seconds = statistics.median(times[name])
         results[name] = nbytes / seconds / 1e9
-        print(f"{name:32s} {seconds * 1e3:8.2f} ms {results[name]:7.2f} GB/s "
-              f"(best {min(times[name]) * 1e3:.2f} ms)")
+        print(
+            f"{name:32s} {seconds * 1e3:8.2f} ms {results[name]:7.2f} GB/s "
+            f"(best {min(times[name]) * 1e3:.2f} ms)"
+        )
 
     p, u = results["moe_cpu.permute"], results["moe_cpu.unpermute weighted"]
-    print(f"permute:   {p / results['copy_rows (permute bytes)']:.0%} of copy, "
-          f"{p / results['numpy gather only']:.1f}x numpy gather, "
-          f"{p / results['numpy permute (layout+gather)']:.1f}x numpy permute")
-    print(f"unpermute: {u / results['copy_rows (unpermute bytes)']:.0%} of copy, "
-          f"{u / results['numpy weighted combine']:.1f}x numpy")
+    print(
+        f"permute:   {p / results['copy_rows (permute bytes)']:.0%} of copy, "
+        f"{p / results['numpy gather only']:.1f}x numpy gather, "
+        f"{p / results['numpy permute (layout+gather)']:.1f}x numpy permute"
+    )
+    print(
+        f"unpermute: {u / results['copy_rows (unpermute bytes)']:.0%} of copy, "
+        f"{u / results['numpy weighted combine']:.1f}x numpy"
+    )
 
 
 if __name__ == "__main__":

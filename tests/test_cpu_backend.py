@@ -17,15 +17,19 @@ from moe_cpu import _unpermute
 from moe_numba import _abi, _oracle
 
 GARBAGE = 0xA5
-HIDDEN_DTYPES = [ml_dtypes.bfloat16, np.float16, np.float32, ml_dtypes.float8_e4m3fn,
-                 ml_dtypes.float8_e5m2]
+HIDDEN_DTYPES = [
+    ml_dtypes.bfloat16,
+    np.float16,
+    np.float32,
+    ml_dtypes.float8_e4m3fn,
+    ml_dtypes.float8_e5m2,
+]
 DATA_TYPES = {
     np.dtype(np.float32): (_abi.DATA_FLOAT32, np.float32),
     np.dtype(ml_dtypes.bfloat16): (_abi.DATA_BFLOAT16, np.uint16),
     np.dtype(np.float16): (_abi.DATA_FLOAT16, np.uint16),
 }
-HYPOTHESIS = settings(max_examples=150, deadline=None,
-                      suppress_health_check=[HealthCheck.too_slow])
+HYPOTHESIS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +50,7 @@ def bits(a):
 
 # ---------------------------------------------------------------------------------- permute
 
+
 def counts_of(routemap, num_experts):
     counts = np.zeros(num_experts, np.int64)
     for row in routemap:
@@ -54,9 +59,19 @@ def counts_of(routemap, num_experts):
     return counts
 
 
-def cpu_permute(hidden, scale, routemap, probs, num_experts, tokens_per_expert, alignment,
-                do_gather=True, return_expert_indices=True, override_buffer_size=-1,
-                validate=False):
+def cpu_permute(
+    hidden,
+    scale,
+    routemap,
+    probs,
+    num_experts,
+    tokens_per_expert,
+    alignment,
+    do_gather=True,
+    return_expert_indices=True,
+    override_buffer_size=-1,
+    validate=False,
+):
     """moe_cpu.permute with outputs shaped as the oracle's; returns (outputs, status)."""
     T = routemap.shape[0]
     if override_buffer_size >= 0:
@@ -66,7 +81,9 @@ def cpu_permute(hidden, scale, routemap, probs, num_experts, tokens_per_expert, 
         R = int(_oracle.padded_rows(capacity, alignment).sum())
     gather_scale = do_gather and scale is not None
     out_hidden = garbage((R if do_gather else 0, hidden.shape[1]), hidden.dtype)
-    out_scale = garbage((R, scale.shape[1]), scale.dtype) if gather_scale else np.zeros(0, np.float32)
+    out_scale = (
+        garbage((R, scale.shape[1]), scale.dtype) if gather_scale else np.zeros(0, np.float32)
+    )
     out_rowmap = garbage((T, num_experts), np.int32)
     out_probs = garbage(R, np.float32)
     out_indices = garbage(R, np.int32) if return_expert_indices else None
@@ -74,10 +91,17 @@ def cpu_permute(hidden, scale, routemap, probs, num_experts, tokens_per_expert, 
     moe_cpu.permute(
         bits(hidden) if do_gather else None,
         bits(scale) if gather_scale else None,
-        routemap, probs, capacity, alignment,
+        routemap,
+        probs,
+        capacity,
+        alignment,
         out_hidden.view(np.uint8) if do_gather else None,
         out_scale.view(np.uint8) if gather_scale else None,
-        out_rowmap, out_probs, out_indices, status, validate,
+        out_rowmap,
+        out_probs,
+        out_indices,
+        status,
+        validate,
     )
     outputs = (out_hidden, out_rowmap, out_probs, out_scale)
     if return_expert_indices:
@@ -85,23 +109,36 @@ def cpu_permute(hidden, scale, routemap, probs, num_experts, tokens_per_expert, 
     return outputs, status
 
 
-def check_permute(hidden, scale, routemap, probs, num_experts, tokens_per_expert, alignment,
-                  do_gather=True, return_expert_indices=True, override_buffer_size=-1):
+def check_permute(
+    hidden,
+    scale,
+    routemap,
+    probs,
+    num_experts,
+    tokens_per_expert,
+    alignment,
+    do_gather=True,
+    return_expert_indices=True,
+    override_buffer_size=-1,
+):
     """Both validate modes against the oracle; returns the oracle's status."""
     args = (hidden, scale, routemap, probs, num_experts, tokens_per_expert, alignment)
-    kwargs = dict(do_gather=do_gather, return_expert_indices=return_expert_indices,
-                  override_buffer_size=override_buffer_size)
+    kwargs = dict(
+        do_gather=do_gather,
+        return_expert_indices=return_expert_indices,
+        override_buffer_size=override_buffer_size,
+    )
     expected, expected_status = _oracle.permute(*args, **kwargs)
     got, status = cpu_permute(*args, **kwargs, validate=False)
     np.testing.assert_array_equal(status, expected_status)
     assert len(got) == len(expected)
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         assert g.shape == e.shape and g.dtype == e.dtype
         np.testing.assert_array_equal(bits(g), bits(e))
     got, status = cpu_permute(*args, **kwargs, validate=True)
     np.testing.assert_array_equal(status, expected_status)
     if (expected_status == -1).all():
-        for g, e in zip(got, expected):
+        for g, e in zip(got, expected, strict=True):
             np.testing.assert_array_equal(bits(g), bits(e))
     return expected_status
 
@@ -176,8 +213,15 @@ def test_permute_dtypes(dtype, index_dtype):
     T, K, E, H = 300, 4, 6, 9
     routemap = distinct_routes(rng, T, K, E).astype(index_dtype)
     scale = random_bits(rng, (T, 2), np.float32)
-    status = check_permute(random_bits(rng, (T, H), dtype), scale, routemap,
-                           random_bits(rng, (T, K), np.float32), E, counts_of(routemap, E), 3)
+    status = check_permute(
+        random_bits(rng, (T, H), dtype),
+        scale,
+        routemap,
+        random_bits(rng, (T, K), np.float32),
+        E,
+        counts_of(routemap, E),
+        3,
+    )
     assert (status == -1).all()
 
 
@@ -188,20 +232,30 @@ def test_permute_chunks_and_threads():
     routemap = distinct_routes(rng, T, K, E).astype(np.int32)
     routemap[1700, 2] = 99
     routemap[2900, 3] = routemap[2900, 0] = 4
-    args = (random_bits(rng, (T, H), ml_dtypes.bfloat16), random_bits(rng, (T, 3), np.float32),
-            routemap, random_bits(rng, (T, K), np.float32), E)
+    args = (
+        random_bits(rng, (T, H), ml_dtypes.bfloat16),
+        random_bits(rng, (T, 3), np.float32),
+        routemap,
+        random_bits(rng, (T, K), np.float32),
+        E,
+    )
     counts = counts_of(routemap, E)
     counts[7] += 1
     results = []
     for threads in (1, 2, 3):
         moe_cpu.set_num_threads(threads)
-        results.append([cpu_permute(*args, counts, 4), cpu_permute(*args, counts, 4, override_buffer_size=2000)])
+        results.append(
+            [
+                cpu_permute(*args, counts, 4),
+                cpu_permute(*args, counts, 4, override_buffer_size=2000),
+            ]
+        )
         if threads == 2:
             check_permute(*args, counts, 4)
     for other in results[1:]:
-        for (a, sa), (b, sb) in zip(results[0], other):
+        for (a, sa), (b, sb) in zip(results[0], other, strict=True):
             np.testing.assert_array_equal(sa, sb)
-            for x, y in zip(a, b):
+            for x, y in zip(a, b, strict=True):
                 np.testing.assert_array_equal(bits(x), bits(y))
 
 
@@ -209,14 +263,22 @@ def test_permute_many_experts_and_slots():
     rng = np.random.default_rng(3)
     T, K, E = 40, 64, 1024
     routemap = distinct_routes(rng, T, K, E, holes=0.1).astype(np.int32)
-    check_permute(random_bits(rng, (T, 3), np.float16), None, routemap,
-                  random_bits(rng, (T, K), np.float32), E, counts_of(routemap, E), 16)
+    check_permute(
+        random_bits(rng, (T, 3), np.float16),
+        None,
+        routemap,
+        random_bits(rng, (T, K), np.float32),
+        E,
+        counts_of(routemap, E),
+        16,
+    )
 
 
 def test_permute_status_words():
     T, K, E = 6, 3, 4
-    routemap = np.array([[0, 1, -1], [2, 2, 9], [-1, -1, -1], [3, -7, 0], [1, 0, 1], [2, 3, 0]],
-                        np.int64)
+    routemap = np.array(
+        [[0, 1, -1], [2, 2, 9], [-1, -1, -1], [3, -7, 0], [1, 0, 1], [2, 3, 0]], np.int64
+    )
     probs = np.arange(T * K, dtype=np.float32).reshape(T, K)
     hidden = np.arange(T * 2, dtype=np.float32).reshape(T, 2)
     counts = counts_of(routemap, E)
@@ -245,12 +307,21 @@ def test_permute_degenerate_shapes(override):
     for T, K, E, H in [(0, 2, 3, 4), (5, 1, 1, 1), (7, 5, 2, 3), (9, 3, 3, 1)]:
         routemap = distinct_routes(rng, T, K, E).astype(np.int32)
         for gather in (True, False):
-            check_permute(random_bits(rng, (T, H), ml_dtypes.bfloat16), None, routemap,
-                          random_bits(rng, (T, K), np.float32), E, counts_of(routemap, E), 2,
-                          do_gather=gather, override_buffer_size=override)
+            check_permute(
+                random_bits(rng, (T, H), ml_dtypes.bfloat16),
+                None,
+                routemap,
+                random_bits(rng, (T, K), np.float32),
+                E,
+                counts_of(routemap, E),
+                2,
+                do_gather=gather,
+                override_buffer_size=override,
+            )
     routemap = np.full((4, 3), -1, np.int32)  # all -1 rows
-    check_permute(np.ones((4, 2), np.float16), None, routemap, np.ones((4, 3), np.float32), 3,
-                  [0, 2, 0], 4)
+    check_permute(
+        np.ones((4, 2), np.float16), None, routemap, np.ones((4, 3), np.float32), 3, [0, 2, 0], 4
+    )
 
 
 def test_permute_large_alignment_and_capacity():
@@ -264,8 +335,21 @@ def test_permute_large_alignment_and_capacity():
     status = np.empty(_abi.PERMUTE_STATUS_LEN, np.int64)
     row_probs = np.empty(5, np.float32)
     for cap, alignment in [(capacity, 3), (None, 2**62), (capacity, 2**62 + 1)]:
-        moe_cpu.permute(bits(hidden), None, routemap, probs, cap, alignment, out, None, rowmap,
-                        row_probs, None, status, False)
+        moe_cpu.permute(
+            bits(hidden),
+            None,
+            routemap,
+            probs,
+            cap,
+            alignment,
+            out,
+            None,
+            rowmap,
+            row_probs,
+            None,
+            status,
+            False,
+        )
         assert rowmap[0, 0] == 0 and rowmap[1, 0] == 1
         assert (rowmap[:, 1] == -1).all() and (out[2:] == 0).all()
         if cap is None:  # the sum of padded rows saturates
@@ -274,39 +358,88 @@ def test_permute_large_alignment_and_capacity():
 
 # -------------------------------------------------------------------------------- unpermute
 
+
 def cpu_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision):
     data_type, kernel_dtype = DATA_TYPES[rows.dtype]
     T, K = routemap.shape
     out_hidden = garbage((T, rows.shape[1]), rows.dtype)
     out_probs = garbage((T, K), np.float32)
     status = garbage(_abi.UNPERMUTE_STATUS_LEN, np.int64)
-    moe_cpu.unpermute(rows.view(kernel_dtype), rowmap, routemap, probs,
-                      out_hidden.view(kernel_dtype), out_probs, status, data_type, weighted,
-                      mix_precision)
+    moe_cpu.unpermute(
+        rows.view(kernel_dtype),
+        rowmap,
+        routemap,
+        probs,
+        out_hidden.view(kernel_dtype),
+        out_probs,
+        status,
+        data_type,
+        weighted,
+        mix_precision,
+    )
     return (out_hidden, out_probs), status
 
 
 def check_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision):
     T, E = rowmap.shape
     with np.errstate(all="ignore"):  # the oracle's float64 work on NaN/inf inputs
-        expected, expected_status = _oracle.unpermute(rows, rowmap, routemap, probs, T, E,
-                                                      mix_precision, weighted)
+        expected, expected_status = _oracle.unpermute(
+            rows, rowmap, routemap, probs, T, E, mix_precision, weighted
+        )
     got, status = cpu_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision)
     np.testing.assert_array_equal(status, expected_status)
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         assert g.shape == e.shape and g.dtype == e.dtype
         np.testing.assert_array_equal(bits(g), bits(e))
     return expected_status
 
 
 SPECIAL_BITS = {
-    np.dtype(np.float32): [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000,
-                           0xFFC00001, 0x7F800001, 0x00000001, 0x807FFFFF, 0x00800000,
-                           0x7F7FFFFF, 0xFF7FFFFF, 0x3F800000],
-    np.dtype(ml_dtypes.bfloat16): [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81,
-                                   0x0001, 0x807F, 0x0080, 0x7F7F, 0xFF7F, 0x3F80],
-    np.dtype(np.float16): [0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0xFE01, 0x7C01, 0x0001,
-                           0x83FF, 0x0400, 0x7BFF, 0xFBFF, 0x3C00],
+    np.dtype(np.float32): [
+        0x00000000,
+        0x80000000,
+        0x7F800000,
+        0xFF800000,
+        0x7FC00000,
+        0xFFC00001,
+        0x7F800001,
+        0x00000001,
+        0x807FFFFF,
+        0x00800000,
+        0x7F7FFFFF,
+        0xFF7FFFFF,
+        0x3F800000,
+    ],
+    np.dtype(ml_dtypes.bfloat16): [
+        0x0000,
+        0x8000,
+        0x7F80,
+        0xFF80,
+        0x7FC0,
+        0xFFC1,
+        0x7F81,
+        0x0001,
+        0x807F,
+        0x0080,
+        0x7F7F,
+        0xFF7F,
+        0x3F80,
+    ],
+    np.dtype(np.float16): [
+        0x0000,
+        0x8000,
+        0x7C00,
+        0xFC00,
+        0x7E00,
+        0xFE01,
+        0x7C01,
+        0x0001,
+        0x83FF,
+        0x0400,
+        0x7BFF,
+        0xFBFF,
+        0x3C00,
+    ],
 }
 
 
@@ -348,8 +481,14 @@ def unpermute_cases(draw):
     scale = draw(st.sampled_from([1.0, 1e-3, 1e3]))  # drive sums to overflow or underflow
     with np.errstate(all="ignore"):
         probs = random_values(rng, R, np.float32, special=0.05) * np.float32(scale)
-    return dict(rows=random_values(rng, (R, H), dtype), rowmap=rowmap, routemap=routemap,
-                probs=probs, weighted=draw(st.booleans()), mix_precision=draw(st.booleans()))
+    return dict(
+        rows=random_values(rng, (R, H), dtype),
+        rowmap=rowmap,
+        routemap=routemap,
+        probs=probs,
+        weighted=draw(st.booleans()),
+        mix_precision=draw(st.booleans()),
+    )
 
 
 @HYPOTHESIS
@@ -370,9 +509,14 @@ def test_unpermute_dtypes(dtype, weighted, mix_precision):
     rowmap[:, :] = rng.integers(0, R, (T, E))
     rowmap[rng.random((T, E)) < 0.3] = -1
     rowmap[2] = -1  # a token with no rows
-    status = check_unpermute(random_values(rng, (R, H), dtype, special=0.002), rowmap, routemap,
-                             random_values(rng, R, np.float32, special=0.0), weighted,
-                             mix_precision)
+    status = check_unpermute(
+        random_values(rng, (R, H), dtype, special=0.002),
+        rowmap,
+        routemap,
+        random_values(rng, R, np.float32, special=0.0),
+        weighted,
+        mix_precision,
+    )
     assert (status == -1).all()
 
 
@@ -391,8 +535,14 @@ def test_unpermute_empty_and_degenerate(dtype):
         rowmap = rng.integers(-1, max(R, 1), (T, E)).astype(np.int32)
         routemap = rng.integers(-1, E, (T, K)).astype(np.int32)
         for weighted in (True, False):
-            check_unpermute(random_values(rng, (R, H), dtype), rowmap, routemap,
-                            rng.random(R, dtype=np.float32), weighted, False)
+            check_unpermute(
+                random_values(rng, (R, H), dtype),
+                rowmap,
+                routemap,
+                rng.random(R, dtype=np.float32),
+                weighted,
+                False,
+            )
 
 
 def test_unpermute_threads_identical():
@@ -410,9 +560,9 @@ def test_unpermute_threads_identical():
         for threads in (1, 2, 3):
             moe_cpu.set_num_threads(threads)
             results.append(cpu_unpermute(rows, rowmap, routemap, probs, True, False))
-        for (a, sa) in results[1:]:
+        for a, sa in results[1:]:
             np.testing.assert_array_equal(sa, results[0][1])
-            for x, y in zip(a, results[0][0]):
+            for x, y in zip(a, results[0][0], strict=True):
                 np.testing.assert_array_equal(bits(x), bits(y))
 
 
@@ -420,15 +570,31 @@ def test_unpermute_data_type_mismatch():
     rows = np.ones((2, 2), np.float32)
     args = (np.zeros((1, 1), np.int32), np.zeros((1, 1), np.int32), np.ones(2, np.float32))
     with pytest.raises(ValueError, match="DATA_FLOAT32"):
-        moe_cpu.unpermute(rows, *args, np.empty((1, 2), np.float32), np.empty((1, 1), np.float32),
-                          np.empty(4, np.int64), _abi.DATA_BFLOAT16, False, True)
+        moe_cpu.unpermute(
+            rows,
+            *args,
+            np.empty((1, 2), np.float32),
+            np.empty((1, 1), np.float32),
+            np.empty(4, np.int64),
+            _abi.DATA_BFLOAT16,
+            False,
+            True,
+        )
     with pytest.raises(ValueError, match="DATA_BFLOAT16"):
-        moe_cpu.unpermute(np.ones((2, 2), np.uint16), *args, np.empty((1, 2), np.uint16),
-                          np.empty((1, 1), np.float32), np.empty(4, np.int64),
-                          _abi.DATA_FLOAT32, False, True)
+        moe_cpu.unpermute(
+            np.ones((2, 2), np.uint16),
+            *args,
+            np.empty((1, 2), np.uint16),
+            np.empty((1, 1), np.float32),
+            np.empty(4, np.int64),
+            _abi.DATA_FLOAT32,
+            False,
+            True,
+        )
 
 
 # ------------------------------------------------------------------------------ conversions
+
 
 def canonical(values, dtype):
     """Oracle narrowing: round to nearest even, NaN canonical."""
@@ -469,9 +635,22 @@ def narrowing_edge_cases(dtype):
     top = np.float32(float(h[-1]) + (float(h[-1]) - float(h[-2])) / 2)
     points = np.concatenate([h, mid, [top, -top]])
     near = [np.nextafter(points, np.float32(np.inf)), np.nextafter(points, np.float32(-np.inf))]
-    special = np.array([0x7F800000, 0xFF800000, 0x7F800001, 0xFFFFFFFF, 0x7FC00000, 0x00000001,
-                        0x807FFFFF, 0x7F7FFFFF, 0x33000000, 0x33000001, 0xB3000000],
-                       np.uint32).view(np.float32)
+    special = np.array(
+        [
+            0x7F800000,
+            0xFF800000,
+            0x7F800001,
+            0xFFFFFFFF,
+            0x7FC00000,
+            0x00000001,
+            0x807FFFFF,
+            0x7F7FFFFF,
+            0x33000000,
+            0x33000001,
+            0xB3000000,
+        ],
+        np.uint32,
+    ).view(np.float32)
     return np.concatenate([points, *near, special]).astype(np.float32)
 
 
@@ -491,6 +670,7 @@ def test_narrow_edge_cases_and_random(dtype):
 
 
 # ---------------------------------------------------------------------------- thread control
+
 
 def test_threads_api():
     default = moe_cpu.get_num_threads()

@@ -5,11 +5,15 @@ allocates the outputs and calls :func:`permute` / :func:`unpermute` on NumPy arr
 parallel loop uses :func:`get_num_threads` threads and gives the same bits with any count.
 """
 
+from moe_cpu._memory import cache_info, empty, empty_cache
 from moe_cpu._parallel import copy_rows, get_num_threads, openmp_enabled, set_num_threads
 from moe_cpu._permute import permute
 from moe_cpu._unpermute import unpermute
 
 __all__ = [
+    "cache_info",
+    "empty",
+    "empty_cache",
     "copy_rows",
     "get_num_threads",
     "openmp_enabled",

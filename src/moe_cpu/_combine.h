@@ -29,11 +29,13 @@
 /* The combine is compiled twice on x86-64 with GCC >= 12 and glibc (ifunc): once for
    x86-64-v3 (AVX2 + FMA: vectorised, fmaf becomes vfmadd) and once for the baseline, picked
    at load time. Other compilers and architectures get the baseline version only. */
+#ifndef MOE_CLONES /* -DMOE_CLONES= builds the baseline version only (to test it) */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 \
     && defined(__GLIBC__)
 #define MOE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define MOE_CLONES
+#endif
 #endif
 
 #if defined(__GNUC__)
@@ -198,15 +200,22 @@ MOE_CLONES static void moe_combine_token(int dtype, int weighted, int mix_precis
 #undef MOE_VARIANT
 }
 
-/* Element-wise conversions, for the exhaustive tests of the functions above. */
+/* Element-wise conversions, for the exhaustive tests of the functions above (vectorised like
+   the combine, so that the tests check the code that runs there). */
 MOE_CLONES static void moe_widen_array(int dtype, const uint16_t *src, float *dst, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        dst[i] = dtype == MOE_DATA_BFLOAT16 ? moe_bf16_to_f32(src[i]) : moe_f16_to_f32(src[i]);
+    if (dtype == MOE_DATA_BFLOAT16) {
+        for (int64_t i = 0; i < n; i++) dst[i] = moe_bf16_to_f32(src[i]);
+    } else {
+        for (int64_t i = 0; i < n; i++) dst[i] = moe_f16_to_f32(src[i]);
+    }
 }
 
 MOE_CLONES static void moe_narrow_array(int dtype, const float *src, uint16_t *dst, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        dst[i] = dtype == MOE_DATA_BFLOAT16 ? moe_f32_to_bf16(src[i]) : moe_f32_to_f16(src[i]);
+    if (dtype == MOE_DATA_BFLOAT16) {
+        for (int64_t i = 0; i < n; i++) dst[i] = moe_f32_to_bf16(src[i]);
+    } else {
+        for (int64_t i = 0; i < n; i++) dst[i] = moe_f32_to_f16(src[i]);
+    }
 }
 
 #endif /* MOE_COMBINE_H */

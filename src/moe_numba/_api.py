@@ -199,7 +199,7 @@ def _permute_outputs(plan, empty):
 def _permute_cpu(plan, hidden_states, scale, routemap, probs, validate):
     import moe_cpu
 
-    hidden, rowmap, row_probs, row_scale, indices = _permute_outputs(plan, np.empty)
+    hidden, rowmap, row_probs, row_scale, indices = _permute_outputs(plan, moe_cpu.empty)
     status = np.empty(_abi.PERMUTE_STATUS_LEN, dtype=np.int64)
     gather_scale = plan.do_gather and scale is not None
     moe_cpu.permute(
@@ -356,7 +356,7 @@ def _kernel_view(x, plan):
 def _unpermute_cpu(plan, rows, rowmap, routemap, probs):
     import moe_cpu
 
-    hidden, slot_probs = _unpermute_outputs(plan, np.empty)
+    hidden, slot_probs = _unpermute_outputs(plan, moe_cpu.empty)
     status = np.empty(_abi.UNPERMUTE_STATUS_LEN, dtype=np.int64)
     moe_cpu.unpermute(
         _kernel_view(rows, plan),
