@@ -9,14 +9,15 @@ status words (:mod:`moe_numba._abi`) and are worded by :func:`raise_for_permute_
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
 
 from . import _abi
 
-HIDDEN_DTYPES = tuple(
+# frozensets: a dtype is hashed once instead of compared with each entry
+HIDDEN_DTYPES = frozenset(
     np.dtype(d)
     for d in (
         ml_dtypes.bfloat16,
@@ -26,17 +27,48 @@ HIDDEN_DTYPES = tuple(
         ml_dtypes.float8_e5m2,
     )
 )
-FLOAT8_DTYPES = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
+FLOAT8_DTYPES = frozenset((np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)))
 COMBINE_DTYPES = {
     np.dtype(np.float32): _abi.DATA_FLOAT32,
     np.dtype(ml_dtypes.bfloat16): _abi.DATA_BFLOAT16,
     np.dtype(np.float16): _abi.DATA_FLOAT16,
 }
-ROUTEMAP_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+ROUTEMAP_DTYPES = frozenset((np.dtype(np.int32), np.dtype(np.int64)))
+FLOAT32 = frozenset((np.dtype(np.float32),))
+INT32 = frozenset((np.dtype(np.int32),))
+
+# Plans by call signature (array types, shapes, dtypes; scalar types and values): a training
+# loop repeats the same metadata, so its checks run once. Bounded; cleared when full.
+_PLAN_CACHE_SIZE = 256
+_permute_plans = {}
+_unpermute_plans = {}
+
+
+def _signature(arrays, scalars):
+    """A hashable key for a call's metadata, or None when an array does not allow one."""
+    try:
+        key = tuple(None if x is None else (type(x), x.shape, x.dtype) for x in arrays)
+        key += tuple((type(v), v) for v in scalars)
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
+
+
+def _cached(cache, key, compute):
+    """``compute()``, remembered under ``key`` (when not None)."""
+    plan = None if key is None else cache.get(key)
+    if plan is None:
+        plan = compute()
+        if key is not None:
+            if len(cache) >= _PLAN_CACHE_SIZE:
+                cache.clear()
+            cache[key] = plan
+    return plan
 
 
 def _names(dtypes):
-    return ", ".join(str(d) for d in dtypes)
+    return ", ".join(sorted(str(d) for d in dtypes))
 
 
 def check_bool(name, value):
@@ -117,8 +149,7 @@ def capacities_from(tokens_per_expert, num_experts):
     return values.astype(np.int64)
 
 
-@dataclass(frozen=True)
-class PermutePlan:
+class PermutePlan(NamedTuple):
     """Shapes of one ``moe_permute`` call, decided from metadata alone."""
 
     num_tokens: int
@@ -126,7 +157,7 @@ class PermutePlan:
     topk: int
     num_experts: int
     alignment: int
-    num_rows: int
+    num_rows: int  # -1 until the capacities are known
     hidden_dtype: np.dtype
     scale_width: int  # 0 when no scale is given
     scale_dtype: np.dtype | None
@@ -157,6 +188,46 @@ def plan_permute(
     ``shape_of`` and ``dtype_of`` read an array's shape and (NumPy) dtype, whatever its
     library. Raises ``TypeError``/``ValueError`` naming the argument.
     """
+    arrays = (hidden_states, scale, expert_routemap_topk, expert_prob_topk)
+    scalars = (
+        num_experts,
+        padding_alignment,
+        do_gather,
+        using_ue8m0_scale,
+        return_expert_indices,
+        override_buffer_size,
+        validate,
+    )
+    plan = _cached(
+        _permute_plans,
+        _signature(arrays, scalars),
+        lambda: _check_permute_metadata(*arrays, *scalars, shape_of=shape_of, dtype_of=dtype_of),
+    )
+    if plan.num_rows >= 0:  # override_buffer_size
+        return plan
+    capacities = capacities_from(tokens_per_expert, plan.num_experts)
+    num_rows = int((-(-capacities // plan.alignment) * plan.alignment).sum())
+    return plan._replace(capacities=capacities, num_rows=num_rows)
+
+
+def _check_permute_metadata(
+    hidden_states,
+    scale,
+    expert_routemap_topk,
+    expert_prob_topk,
+    num_experts,
+    padding_alignment,
+    do_gather,
+    using_ue8m0_scale,
+    return_expert_indices,
+    override_buffer_size,
+    validate,
+    *,
+    shape_of,
+    dtype_of,
+):
+    """Every check of ``plan_permute`` that depends on metadata alone; ``num_rows`` is -1
+    unless ``override_buffer_size`` fixes it."""
     do_gather = check_bool("do_gather", do_gather)
     using_ue8m0_scale = check_bool("using_ue8m0_scale", using_ue8m0_scale)
     return_expert_indices = check_bool("return_expert_indices", return_expert_indices)
@@ -180,7 +251,7 @@ def plan_permute(
     check_shape("expert_routemap_topk", routemap_shape, (num_tokens, topk), "[num_tokens, topk]")
     if topk < 1:
         raise ValueError(f"expert_routemap_topk must have topk >= 1 columns; got {routemap_shape}")
-    check_dtype("expert_prob_topk", dtype_of(expert_prob_topk), (np.dtype(np.float32),))
+    check_dtype("expert_prob_topk", dtype_of(expert_prob_topk), FLOAT32)
     check_shape(
         "expert_prob_topk", shape_of(expert_prob_topk), (num_tokens, topk), "[num_tokens, topk]"
     )
@@ -206,29 +277,23 @@ def plan_permute(
             "got None"
         )
 
-    if override >= 0:
-        capacities, num_rows = None, override
-    else:
-        capacities = capacities_from(tokens_per_expert, num_experts)
-        num_rows = int((-(-capacities // alignment) * alignment).sum())
     return PermutePlan(
         num_tokens=num_tokens,
         hidden=hidden,
         topk=topk,
         num_experts=num_experts,
         alignment=alignment,
-        num_rows=num_rows,
+        num_rows=override,
         hidden_dtype=hidden_dtype,
         scale_width=scale_width,
         scale_dtype=scale_dtype,
-        capacities=capacities,
+        capacities=None,
         do_gather=do_gather,
         return_expert_indices=return_expert_indices,
     )
 
 
-@dataclass(frozen=True)
-class UnpermutePlan:
+class UnpermutePlan(NamedTuple):
     """Shapes of one ``moe_unpermute`` call, decided from metadata alone."""
 
     num_tokens: int
@@ -257,6 +322,41 @@ def plan_unpermute(
     dtype_of,
 ):
     """Check the metadata of a ``moe_unpermute`` call and plan its outputs."""
+    arrays = (
+        hidden_states_unzipped,
+        zipped_expertwise_rowmap,
+        expert_routemap_topk,
+        token_prob_unzipped,
+    )
+    scalars = (
+        total_zipped_tokens,
+        num_experts,
+        using_mix_precision,
+        using_weighted_combine,
+        validate,
+    )
+    return _cached(
+        _unpermute_plans,
+        _signature(arrays, scalars),
+        lambda: _check_unpermute_metadata(*arrays, *scalars, shape_of=shape_of, dtype_of=dtype_of),
+    )
+
+
+def _check_unpermute_metadata(
+    hidden_states_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+    token_prob_unzipped,
+    total_zipped_tokens,
+    num_experts,
+    using_mix_precision,
+    using_weighted_combine,
+    validate,
+    *,
+    shape_of,
+    dtype_of,
+):
+    """Every check of ``plan_unpermute``."""
     mix_precision = check_bool("using_mix_precision", using_mix_precision)
     weighted = check_bool("using_weighted_combine", using_weighted_combine)
     check_bool("validate", validate)
@@ -266,16 +366,14 @@ def plan_unpermute(
     rows_shape = shape_of(hidden_states_unzipped)
     check_ndim("hidden_states_unzipped", rows_shape, 2, "[rows, hidden]")
     dtype = dtype_of(hidden_states_unzipped)
-    check_dtype("hidden_states_unzipped", dtype, tuple(COMBINE_DTYPES))
+    check_dtype("hidden_states_unzipped", dtype, COMBINE_DTYPES)
     num_rows, hidden = rows_shape
     if hidden < 1:
         raise ValueError(
             f"hidden_states_unzipped must have at least one column; got shape {rows_shape}"
         )
 
-    check_dtype(
-        "zipped_expertwise_rowmap", dtype_of(zipped_expertwise_rowmap), (np.dtype(np.int32),)
-    )
+    check_dtype("zipped_expertwise_rowmap", dtype_of(zipped_expertwise_rowmap), INT32)
     check_shape(
         "zipped_expertwise_rowmap",
         shape_of(zipped_expertwise_rowmap),
@@ -292,7 +390,7 @@ def plan_unpermute(
     if topk < 1:
         raise ValueError(f"expert_routemap_topk must have topk >= 1 columns; got {routemap_shape}")
 
-    check_dtype("token_prob_unzipped", dtype_of(token_prob_unzipped), (np.dtype(np.float32),))
+    check_dtype("token_prob_unzipped", dtype_of(token_prob_unzipped), FLOAT32)
     prob_shape = tuple(shape_of(token_prob_unzipped))
     if prob_shape not in ((num_rows,), (num_rows, 1)):
         raise ValueError(
