@@ -1,7 +1,8 @@
-"""Block-level primitives for the kernels: flag compaction, min reduction, exclusive scan.
+"""Block-level primitives for the kernels: min reduction, exclusive scan; atomics and
+L2-coherent loads on pointer parameters.
 
-On a GPU they are built from warp intrinsics (``ballot_sync``, ``shfl_*_sync``) plus one
-small shared array. numba's CUDA simulator has no warp intrinsics, so when
+On a GPU the block primitives are built from warp shuffles (``shfl_*_sync``) plus one small
+shared array. numba's CUDA simulator has no warp intrinsics, so when
 ``numba.config.ENABLE_CUDASIM`` is set the same names are bound to shared-memory versions
 (slow, obviously correct). The choice is made once, at import.
 
@@ -37,28 +38,24 @@ def device(fn):
 
 
 if not SIM:
+    from numba.cuda.np.numpy_support import carray
 
     @device
-    def block_flag_prefix(flag, tmp):
-        """(number of flagged threads below this one, number of flagged threads in the block)."""
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        warp = tid >> 5
-        nwarps = cuda.blockDim.x >> 5
-        bits = cuda.ballot_sync(FULL_MASK, flag)
-        below = cuda.popc(bits & ((1 << lane) - 1))
-        if lane == 0:
-            tmp[warp] = cuda.popc(bits)
-        cuda.syncthreads()
-        base = 0
-        total = 0
-        for w in range(nwarps):
-            c = tmp[w]
-            if w < warp:
-                base += c
-            total += c
-        cuda.syncthreads()
-        return base + below, total
+    def atomic_add(ptr, i, v):
+        """``cuda.atomic.add`` on element ``i`` of a pointer parameter (atomics take arrays:
+        view the pointer as one); returns the old value."""
+        return cuda.atomic.add(carray(ptr, i + 1), i, v)
+
+    @device
+    def atomic_min(ptr, i, v):
+        """``cuda.atomic.min`` on element ``i`` of a pointer parameter; returns the old value."""
+        return cuda.atomic.min(carray(ptr, i + 1), i, v)
+
+    @device
+    def load_cg(array, i):
+        """``array[i]`` read from L2 (``ld.global.cg``): sees other blocks' writes of this
+        launch once they are published (threadfence + atomic ticket)."""
+        return cuda.ldcg(array, i)
 
     @device
     def block_min_i64(value, tmp):
@@ -115,20 +112,19 @@ if not SIM:
 else:
 
     @device
-    def block_flag_prefix(flag, tmp):
-        """(number of flagged threads below this one, number of flagged threads in the block)."""
-        tid = cuda.threadIdx.x
-        tmp[tid] = 1 if flag else 0
-        cuda.syncthreads()
-        base = 0
-        total = 0
-        for i in range(cuda.blockDim.x):
-            c = tmp[i]
-            if i < tid:
-                base += c
-            total += c
-        cuda.syncthreads()
-        return base, total
+    def atomic_add(ptr, i, v):
+        """``cuda.atomic.add`` on element ``i`` (the simulator passes arrays)."""
+        return cuda.atomic.add(ptr, i, v)
+
+    @device
+    def atomic_min(ptr, i, v):
+        """``cuda.atomic.min`` on element ``i`` (the simulator passes arrays)."""
+        return cuda.atomic.min(ptr, i, v)
+
+    @device
+    def load_cg(array, i):
+        """``array[i]`` (the simulator has one coherent memory)."""
+        return array[i]
 
     @device
     def block_min_i64(value, tmp):

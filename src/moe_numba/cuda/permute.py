@@ -8,16 +8,19 @@ Stages (three launches on the caller's stream, no host synchronisation):
            chunk's per-expert counts and every counting slot's rank among the chunk's tokens
            of that expert (popcounts of the lower tokens' bits), and the chunk's smallest
            bad / repeated slot.
-``scan``   one block. Per expert: exclusive scan of the chunk counts (in place: the counts
-           become each chunk's base rank), ``c_e``; then ``n_e``, ``padded_e``, the offsets
-           (block scan), the end of the filled rows ``lim_e``; then all status words.
-``gather`` one block per token, then one block per ``PAD_ROWS`` rows. A token's block turns
-           each counting slot into its row (``offset_e + chunk base + rank``, kept when below
+``scan``   one block per tile of experts. Per expert: exclusive scan of the chunk counts (in
+           place: the counts become each chunk's base rank) and ``c_e``. The last block to
+           finish (atomic ticket; the counter is zeroed by ``count``) then computes ``n_e``,
+           ``padded_e``, the offsets (block scan), the end of the filled rows ``lim_e``, and
+           all status words.
+``gather`` one block per ``PAD_ROWS`` rows (first, so they overlap the copies), then one
+           block per token. A padding block finds the rows it covers that hold no token
+           (binary search of the offsets) and zeroes them. A token's block turns each
+           counting slot into its row (``offset_e + chunk base + rank``, kept when below
            ``lim_e``), writes the token's rowmap row (-1, then its rows), probs and expert
            index of each of its rows, and copies the token's hidden row (and scale row) once
            from memory to each of its rows, with the widest word the row allows (16-byte
-           vector accesses). The padding blocks find the
-           rows that hold no token (binary search of the offsets) and zero them.
+           vector accesses).
 
 The copy is token-major: each input row is read once and written K times, which is the
 byte count of the contract (a row-major gather over the output would read every input row
@@ -37,20 +40,30 @@ from .. import _abi
 from . import _copy
 from ._buffer import DeviceBuffer
 from ._launch import SIM, Launcher, RawKernel, jit
-from ._primitives import BIG, TMP_WORDS, block_exclusive_scan_i64, block_min_i64, device
+from ._primitives import (
+    BIG,
+    TMP_WORDS,
+    atomic_add,
+    block_exclusive_scan_i64,
+    block_min_i64,
+    device,
+    load_cg,
+)
 
 # Launch geometry. Module globals are compile-time constants on a GPU (the simulator reads
 # them at run time, so tests can shrink them).
-CT = 256  # tokens per count chunk (a multiple of 32)
+CT = 256  # most tokens per count chunk (a multiple of 32; see _chunk_tokens)
 ETILE = 1024  # experts per count block: shared bitmap of ETILE * CT / 32 words (32 KiB)
 COUNT_BD = 256  # threads of a count block
-SCAN_BD = 1024  # threads of the scan block
-GATHER_BD = 256  # most threads of a gather block
+SCAN_BD = 256  # threads of a scan block
+GATHER_BD = 128  # most threads of a gather block (measured: 128 > 256 > 512 on an H200)
 MIN_BD = 32  # fewest threads of a gather block (a warp)
-PAD_ROWS = 64  # rows one padding block checks
+PAD_ROWS = 16  # rows one padding block checks (padding blocks come first in the grid)
 DMAX = 64  # destinations a token block handles at once (K > DMAX: several passes)
 PREFETCH = True  # gather variant (see _make_gather)
 COUNT_BITS = ETILE * (CT // 32)  # size of the count block's shared bitmap (uint32 words)
+RMT = 2048  # routing ids a count block stages in shared memory (8 KiB; 32 KiB bitmap)
+NC_TARGET = 128  # count chunks to aim for
 
 _BIG32 = 0x7FFFFFFF
 
@@ -62,69 +75,118 @@ _EMPTY, _BAD, _REPEATED, _COUNTS = 0, 1, 2, 3
 
 
 @device
-def _slot_state(routemap, g0, s, K, E):
-    """(expert id, state) of slot ``s`` of the chunk starting at flat slot ``g0``."""
-    e = int64(routemap[g0 + s])
+def _slot_state(src, base, s, k, E):
+    """(expert id, state) of slot ``s`` (column ``k`` of its token) of ``src[base:]``."""
+    e = int64(src[base + s])
     if e == -1:
         return e, _EMPTY
     if e < 0 or e >= E:
         return e, _BAD
-    tl = s // K
-    base = g0 + tl * K
-    for j in range(s - tl * K):
-        if int64(routemap[base + j]) == e:
+    first = base + s - k
+    for j in range(k):
+        if int64(src[first + j]) == e:
             return e, _REPEATED
     return e, _COUNTS
 
 
-def _count_body(routemap, slot_rank, counts, part, T, K, E):
+@device
+def _next_slot(s, tl, k, step, q, rr, K):
+    """Advance (slot, local token, column) by ``step`` = q * K + rr slots, no division."""
+    s += step
+    tl += q
+    k += rr
+    if k >= K:
+        k -= K
+        tl += 1
+    return s, tl, k
+
+
+def _count_body(routemap, slot_rank, counts, part, done, T, K, E, ct):
     bits = cuda.shared.array(COUNT_BITS, uint32)
+    rmt = cuda.shared.array(RMT, int32)
     smin = cuda.shared.array(2, int32)
-    W = CT // 32
-    tid = cuda.threadIdx.x
-    bd = cuda.blockDim.x
+    tid = int64(cuda.threadIdx.x)
+    bd = int64(cuda.blockDim.x)
     chunk = int64(cuda.blockIdx.x)
     etile = int64(cuda.blockIdx.y)
-    t0 = chunk * CT
-    nt = min(int64(CT), T - t0)
+    W = (ct + 31) >> 5  # bitmap words per expert
+    t0 = chunk * ct
+    nt = min(ct, T - t0)
     e0 = etile * ETILE
     ne = min(int64(ETILE), E - e0)
     g0 = t0 * K
     nslots = nt * K
+    staged = nslots <= RMT  # the chunk's routing ids fit in shared memory
 
-    for i in range(tid, ne * W, bd):
+    i = tid
+    while i < ne * W:
         bits[i] = 0
+        i += bd
     if tid < 2:
         smin[tid] = _BIG32
+    if tid == 0 and chunk == 0 and etile == 0:
+        done[0] = 0  # the scan blocks' ticket counter (this launch completes before scan)
+    if staged:  # four independent loads per thread in flight
+        s = tid
+        while s < nslots:
+            s1 = s + bd
+            s2 = s1 + bd
+            s3 = s2 + bd
+            a0 = int64(routemap[g0 + s])
+            a1 = int64(routemap[g0 + s1]) if s1 < nslots else int64(-1)
+            a2 = int64(routemap[g0 + s2]) if s2 < nslots else int64(-1)
+            a3 = int64(routemap[g0 + s3]) if s3 < nslots else int64(-1)
+            rmt[s] = a0 if a0 >= -1 and a0 < E else -2
+            if s1 < nslots:
+                rmt[s1] = a1 if a1 >= -1 and a1 < E else -2
+            if s2 < nslots:
+                rmt[s2] = a2 if a2 >= -1 and a2 < E else -2
+            if s3 < nslots:
+                rmt[s3] = a3 if a3 >= -1 and a3 < E else -2
+            s += 4 * bd
     cuda.syncthreads()
 
+    q = bd // K
+    rr = bd - q * K
+    tl0 = tid // K
+    k0 = tid - tl0 * K
+
     # pass 1: the bitmap of counting (token, expert) pairs; smallest bad / repeated slot
-    for s in range(tid, nslots, bd):
-        e, state = _slot_state(routemap, g0, s, K, E)
+    s, tl, k = tid, tl0, k0
+    while s < nslots:
+        if staged:
+            e, state = _slot_state(rmt, 0, s, k, E)
+        else:
+            e, state = _slot_state(routemap, g0, s, k, E)
         if state == _COUNTS:
             if e >= e0 and e < e0 + ne:
-                tl = s // K
                 cuda.atomic.or_(bits, (e - e0) * W + (tl >> 5), uint32(1) << uint32(tl & 31))
         elif etile == 0:
             if state == _BAD:
                 cuda.atomic.min(smin, 0, int32(s))
             elif state == _REPEATED:
                 cuda.atomic.min(smin, 1, int32(s))
+        s, tl, k = _next_slot(s, tl, k, bd, q, rr, K)
     cuda.syncthreads()
 
     # the chunk's count per expert of the tile
-    for el in range(tid, ne, bd):
+    el = tid
+    while el < ne:
         c = 0
         for w in range(W):
             c += cuda.popc(bits[el * W + w])
         counts[chunk * E + e0 + el] = c
+        el += bd
 
     # rank of each counting slot among the chunk's tokens of its expert; -1 for the others
-    for s in range(tid, nslots, bd):
-        e, state = _slot_state(routemap, g0, s, K, E)
+    s, tl, k = tid, tl0, k0
+    while s < nslots:
+        if staged:
+            e, state = _slot_state(rmt, 0, s, k, E)
+        else:
+            e, state = _slot_state(routemap, g0, s, k, E)
         if state == _COUNTS:
             if e >= e0 and e < e0 + ne:
-                tl = s // K
                 base = (e - e0) * W
                 wi = tl >> 5
                 rank = cuda.popc(bits[base + wi] & ((uint32(1) << uint32(tl & 31)) - uint32(1)))
@@ -133,6 +195,7 @@ def _count_body(routemap, slot_rank, counts, part, T, K, E):
                 slot_rank[g0 + s] = rank
         elif etile == 0:
             slot_rank[g0 + s] = -1
+        s, tl, k = _next_slot(s, tl, k, bd, q, rr, K)
 
     if etile == 0 and tid == 0:
         bad = smin[0]
@@ -141,27 +204,43 @@ def _count_body(routemap, slot_rank, counts, part, T, K, E):
         part[2 * chunk + 1] = -1 if rep == _BIG32 else g0 + rep
 
 
-def _scan_body(counts, capacity, offsets, lim, ctot, part, routemap, status,
+@device
+def _load8(counts, c, c1, E, e, vals):
+    """vals[u] = counts[(c + u) * E + e] for the chunks below c1, else 0 (8 loads in flight)."""
+    for u in range(8):
+        vals[u] = counts[(c + u) * E + e] if c + u < c1 else 0
+
+
+def _scan_body(counts, capacity, offsets, lim, ctot, part, routemap, status, done,
                NC, E, A, R, T, K, override, ex_dim):
     sums = cuda.shared.array(SCAN_BD, int64)
     tmp = cuda.shared.array(TMP_WORDS, int64)
-    tid = cuda.threadIdx.x
-    bd = cuda.blockDim.x
+    last = cuda.shared.array(1, int32)
+    vals = cuda.local.array(8, int32)
+    tid = int64(cuda.threadIdx.x)
+    bd = int64(cuda.blockDim.x)
+    nb = int64(cuda.gridDim.x)
 
-    # phase A: per expert, exclusive scan over the chunks (in place) and the total c_e.
-    # Thread (ex, cy) owns expert et + ex and a contiguous range of chunks.
+    # phase A (every block, its expert tiles): per expert, exclusive scan over the chunks
+    # (in place: the counts become each chunk's base rank) and the total c_e. Thread
+    # (ex, cy) owns expert et + ex and a contiguous range of chunks, read eight at a time.
     ex = tid % ex_dim
     cy = tid // ex_dim
     cy_dim = bd // ex_dim
     per = (NC + cy_dim - 1) // cy_dim
     c0 = min(NC, cy * per)
     c1 = min(NC, c0 + per)
-    for et in range(0, E, ex_dim):
+    et = int64(cuda.blockIdx.x) * ex_dim
+    while et < E:
         e = et + ex
         s = int64(0)
         if e < E:
-            for c in range(c0, c1):
-                s += counts[c * E + e]
+            c = c0
+            while c < c1:
+                _load8(counts, c, c1, E, e, vals)
+                for u in range(8):
+                    s += vals[u]
+                c += 8
         sums[tid] = s
         cuda.syncthreads()
         before = int64(0)
@@ -174,12 +253,27 @@ def _scan_body(counts, capacity, offsets, lim, ctot, part, routemap, status,
         cuda.syncthreads()
         if e < E:
             run = before
-            for c in range(c0, c1):
-                v = counts[c * E + e]
-                counts[c * E + e] = run
-                run += v
+            c = c0
+            while c < c1:
+                _load8(counts, c, c1, E, e, vals)
+                for u in range(8):
+                    if c + u < c1:
+                        counts[(c + u) * E + e] = run
+                        run += vals[u]
+                c += 8
             if cy == 0:
                 ctot[e] = total
+        et += nb * ex_dim
+
+    # the last block to finish phase A does the rest (no block waits for another)
+    if nb > 1:
+        cuda.threadfence()
+        cuda.syncthreads()
+        if tid == 0:
+            last[0] = 1 if atomic_add(done, 0, 1) == nb - 1 else 0
+        cuda.syncthreads()
+        if last[0] == 0:
+            return
     cuda.syncthreads()
 
     # phase B: capacities, padded sizes, offsets, filled rows; first mismatching expert
@@ -191,7 +285,7 @@ def _scan_body(counts, capacity, offsets, lim, ctot, part, routemap, status,
         c = int64(0)
         n = int64(0)
         if e < E:
-            c = ctot[e]
+            c = load_cg(ctot, e)
             n = c
             if override == 0:
                 n = capacity[e]
@@ -246,7 +340,7 @@ def _scan_body(counts, capacity, offsets, lim, ctot, part, routemap, status,
             status[_abi.PERMUTE_MISMATCH_COUNT] = -1
         else:
             status[_abi.PERMUTE_MISMATCH] = mismatch
-            status[_abi.PERMUTE_MISMATCH_COUNT] = ctot[mismatch]
+            status[_abi.PERMUTE_MISMATCH_COUNT] = load_cg(ctot, mismatch)
         if override != 0 and carry > R:
             status[_abi.PERMUTE_ROWS_NEEDED] = carry
         else:
@@ -270,9 +364,10 @@ def _make_gather(hw, sw, prefetch=True):
         flags = cuda.shared.array(PAD_ROWS, int32)
         tid = cuda.threadIdx.x
         bd = cuda.blockDim.x
+        npad = (R + PAD_ROWS - 1) // PAD_ROWS
         b = int64(cuda.blockIdx.x)
-        if b < T:
-            t = b
+        if b >= npad:
+            t = b - npad
             chunk = t // ct
             if PREFETCH and hnw > 0:
                 p0 = ldh(hidden, t * hnw + min(int64(tid), hnw - 1))
@@ -334,7 +429,7 @@ def _make_gather(hw, sw, prefetch=True):
                         w += bd
                 cuda.syncthreads()
         else:
-            r0 = (b - T) * PAD_ROWS
+            r0 = b * PAD_ROWS
             nr = min(int64(PAD_ROWS), R - r0)
             for i in range(tid, nr, bd):
                 r = r0 + i
@@ -368,7 +463,7 @@ def _make_gather(hw, sw, prefetch=True):
 # kernels, compiled per signature on first use
 
 _count_jit = jit(_count_body)
-_scan_jit = jit(_scan_body, max_registers=64)  # 1024-thread block
+_scan_jit = jit(_scan_body)
 _gather_jit = {}
 _KERNELS = {}
 
@@ -377,11 +472,11 @@ _I = types.int64
 
 
 def _count_sig(rt):
-    return types.void(P(rt), _I32P, _I32P, _I64P, _I, _I, _I)
+    return types.void(P(rt), _I32P, _I32P, _I64P, _I64P, _I, _I, _I, _I)
 
 
 def _scan_sig(rt):
-    return types.void(_I32P, _I64P, _I64P, _I64P, _I64P, _I64P, P(rt), _I64P,
+    return types.void(_I32P, _I64P, _I64P, _I64P, _I64P, _I64P, P(rt), _I64P, _I64P,
                       *([_I] * 8))
 
 
@@ -435,7 +530,7 @@ def _sub(buf, offset, nbytes):
     """Bytes [offset, offset + nbytes) of a scratch buffer."""
     sim = None if buf.sim_array is None else buf.sim_array.reshape(-1).view(np.uint8)
     return DeviceBuffer(buf.ptr + offset, nbytes,
-                        None if sim is None else sim[offset:offset + max(nbytes, 8)])
+                        None if sim is None else sim[offset:offset + nbytes])
 
 
 def _arg(buf, dtype):
@@ -453,12 +548,15 @@ def _gather_block(words):
     return bd
 
 
-def _ex_dim(num_experts):
-    """Experts the scan block handles side by side (the rest of its threads split chunks)."""
-    ex = max(1, SCAN_BD // 32)  # at most 32 chunk groups: each thread sums their partials
-    while ex < SCAN_BD and ex < num_experts:
-        ex *= 2
-    return ex
+def _chunk_tokens(T, K):
+    """Tokens per count chunk: about NC_TARGET chunks (parallel count blocks, a short scan),
+    at most CT, and small enough that the chunk's routing ids fit in shared memory."""
+    ct = 32
+    while ct < CT and ct * NC_TARGET < T:
+        ct *= 2
+    while ct > 1 and ct * K > RMT:
+        ct //= 2
+    return ct
 
 
 def permute(hidden, scale, routemap, probs, capacity, *, num_tokens, topk, num_experts,
@@ -471,11 +569,26 @@ def permute(hidden, scale, routemap, probs, capacity, *, num_tokens, topk, num_e
     T, K, E, R = int(num_tokens), int(topk), int(num_experts), int(num_rows)
     ri = int(routemap_itemsize)
     rt_dtype = np.int32 if ri == 4 else np.int64
-    nc = -(-T // CT)
+    # copy word widths (checked before anything is launched)
+    if hidden is not None and hidden_row_bytes > 0:
+        hw = _copy.word_width(hidden_row_bytes, hidden, out_hidden)
+        hnw = hidden_row_bytes // hw
+    else:
+        hw, hnw = 8, 0
+    if scale is not None and scale_row_bytes > 0:
+        sw = _copy.word_width(scale_row_bytes, scale, out_scale)
+        if sw < 4:
+            raise ValueError("scale rows must be whole, 4-byte aligned float32/int32 words")
+        snw = scale_row_bytes // sw
+    else:
+        sw, snw = 4, 0
+    ct = _chunk_tokens(T, K)
+    nc = -(-T // ct)
     net = -(-E // ETILE)
 
     # one scratch allocation: int64 arrays first (8-byte aligned), then int32 arrays
-    o_off = 0
+    o_done = 0
+    o_off = 8
     o_lim = o_off + 8 * (E + 1)
     o_ctot = o_lim + 8 * E
     o_part = o_ctot + 8 * E
@@ -483,6 +596,7 @@ def permute(hidden, scale, routemap, probs, capacity, *, num_tokens, topk, num_e
     o_rank = o_counts + 4 * max(nc * E, 1)
     total = o_rank + 4 * max(T * K, 1)
     scratch = alloc(total)
+    done = _sub(scratch, o_done, 8).kernel_arg(np.int64)
     offsets = _sub(scratch, o_off, 8 * (E + 1)).kernel_arg(np.int64)
     lim = _sub(scratch, o_lim, 8 * E).kernel_arg(np.int64)
     ctot = _sub(scratch, o_ctot, 8 * E).kernel_arg(np.int64)
@@ -496,26 +610,17 @@ def permute(hidden, scale, routemap, probs, capacity, *, num_tokens, topk, num_e
 
     if T > 0:
         launch(_kernel("count", ri), (nc, net), COUNT_BD,
-               (rm, ranks, counts, part, T, K, E))
+               (rm, ranks, counts, part, done, T, K, E, ct))
 
+    # scan: one block per tile of ex_dim experts (the last one to finish does the offsets
+    # and the status); with no tokens, one block and no ticket counter
+    ex_dim = max(1, SCAN_BD // 32) if T > 0 else SCAN_BD
     override = 1 if capacity is None else 0
-    launch(_kernel("scan", ri), 1, SCAN_BD,
+    launch(_kernel("scan", ri), -(-E // ex_dim) if T > 0 else 1, SCAN_BD,
            (counts, _arg(capacity, np.int64), offsets, lim, ctot, part, rm,
-            status.kernel_arg(np.int64), nc, E, int(alignment), R, T, K, override,
-            _ex_dim(E)))
+            status.kernel_arg(np.int64), done, nc, E, int(alignment), R, T, K, override,
+            ex_dim))
 
-    if hidden is not None and hidden_row_bytes > 0:
-        hw = _copy.word_width(hidden_row_bytes, hidden, out_hidden)
-        hnw = hidden_row_bytes // hw
-    else:
-        hw, hnw = 8, 0
-    if scale is not None and scale_row_bytes > 0:
-        sw = _copy.word_width(scale_row_bytes, scale, out_scale)
-        if sw < 4:
-            raise ValueError("scale rows must be whole, 4-byte aligned float32/int32 words")
-        snw = scale_row_bytes // sw
-    else:
-        sw, snw = 4, 0
     blocks = T + -(-R // PAD_ROWS)
     if blocks > 0:
         hd, sd = _copy.WORD_DTYPE[hw], _copy.WORD_DTYPE[sw]
@@ -525,4 +630,4 @@ def permute(hidden, scale, routemap, probs, capacity, *, num_tokens, topk, num_e
                 _arg(out_hidden if hnw else None, hd), _arg(out_scale if snw else None, sd),
                 rowmap, _arg(out_probs if R else None, np.uint32),
                 _arg(out_indices if (out_indices is not None and R) else None, np.int32),
-                T, K, E, R, hnw, snw, 0 if out_indices is None else 1, CT))
+                T, K, E, R, hnw, snw, 0 if out_indices is None else 1, ct))

@@ -1,17 +1,20 @@
-"""moe_unpermute on the GPU: combine -> finalize.
+"""moe_unpermute on the GPU: init -> combine.
 
-``combine``  one block per token. The block reads the token's rowmap row and compacts its
-             valid rows (``0 <= rowmap[t, e] < R``) in ascending expert order into a shared
-             list (ballot prefix counts), writes the token's ``expert_prob_topk`` row and
-             its smallest bad rowmap entry / bad routing slot to scratch, then combines
-             column words: each thread owns whole words (16 bytes when the row allows: 8
-             bf16/fp16 or 4 float32 lanes), loads them from four rows at a time and folds
-             them into float32 accumulators in list order (``cuda.fma`` for the weighted
-             combine, the only multiply-add of the float path), then rounds once (or after
-             every step when ``mix_precision`` is off) to the data type, NaN made canonical.
-             A token with more valid rows than the list holds (only with malformed rowmaps
-             and E > LMAX) walks its rowmap row directly instead.
-``finalize`` one block: reduces the per-token status minima and writes the four status words.
+``init``     one thread: turns the status words into the two running minima and a ticket
+             counter (with no tokens, it writes the final status words itself).
+``combine``  one block per token. The block reads the token's rowmap row (each thread a
+             contiguous group of experts) and places its valid rows (``0 <= rowmap[t, e] <
+             R``) in ascending expert order into a shared list (one block scan of the group
+             counts), writes the token's ``expert_prob_topk`` row, folds its smallest bad
+             rowmap entry / bad routing slot into the global minima (atomic min) and takes a
+             ticket; the token that takes the last ticket writes the status words. Then it
+             combines column words: each thread owns whole words (16 bytes when the row
+             allows: 8 bf16/fp16 or 4 float32 lanes), loads them from four rows at a time
+             (with their probabilities) and folds them into float32 accumulators in list
+             order (``cuda.fma`` for the weighted combine, the only multiply-add of the float
+             path), then rounds once (or after every step when ``mix_precision`` is off) to
+             the data type, NaN made canonical. A token with more valid rows than the list
+             holds (only with malformed rowmaps and E > LMAX) walks its rowmap row directly.
 
 Kernels are built per (word width, data type, weighted, mix_precision) and compiled per
 signature on first use.
@@ -27,12 +30,19 @@ from .. import _abi
 from . import _convert as cv
 from ._copy import word_ops
 from ._launch import Launcher, RawKernel, jit
-from ._primitives import BIG, TMP_WORDS, block_flag_prefix, block_min_i64, device
+from ._primitives import (
+    BIG,
+    TMP_WORDS,
+    atomic_add,
+    atomic_min,
+    block_exclusive_scan_i64,
+    block_min_i64,
+    device,
+)
 
-COMBINE_BD = 256  # most threads of a combine block
+COMBINE_BD = 128  # most threads of a combine block (measured: 128 > 256 > 512 on an H200)
 MIN_BD = 32  # fewest threads of a combine block (a warp)
 LMAX = 256  # rows a token's shared list holds
-FIN_BD = 1024  # threads of the finalize block
 
 P = types.CPointer
 _RT = {4: types.int32, 8: types.int64}
@@ -186,36 +196,52 @@ def _make_combine(width, data_type, weighted, mix):
                 u[i >> 1] = u[i >> 1] | (b << np.uint32(16))
         return join(u)
 
-    def combine(rows, rowmap, routemap, probs, out, out_probs, part, T, R, E, K, nw):
+    def combine(rows, rowmap, routemap, probs, out, out_probs, status, T, R, E, K, nw):
         lst_row = cuda.shared.array(LMAX, int32)
         tmp = cuda.shared.array(TMP_WORDS, int64)
-        tid = cuda.threadIdx.x
-        bd = cuda.blockDim.x
+        tid = int64(cuda.threadIdx.x)
+        bd = int64(cuda.blockDim.x)
         t = int64(cuda.blockIdx.x)
 
-        # 1) the token's valid rows, ascending expert id; smallest bad rowmap entry
-        n = int64(0)
+        # 1) the token's valid rows, ascending expert id; smallest bad rowmap entry. Thread
+        # tid owns experts [tid * G, tid * G + G): it counts its valid rows (four loads in
+        # flight), one block scan places them.
+        G = (E + bd - 1) // bd
+        eb = min(E, tid * G)
+        ee = min(E, eb + G)
+        f0 = t * E
+        cnt = int64(0)
         bad_row = BIG
-        for e0 in range(0, E, bd):
-            e = e0 + tid
-            r = int64(-1)
-            if e < E:
-                f = t * E + e
-                r = int64(rowmap[f])
-                if r < -1 or r >= R:
-                    if f < bad_row:
-                        bad_row = f
-                    r = -1
-            pos, cnt = block_flag_prefix(r >= 0, tmp)
-            if r >= 0:
-                q = n + pos
-                if q < LMAX:
-                    lst_row[q] = r
-            n += cnt
+        e = eb
+        while e < ee:
+            r0 = int64(rowmap[f0 + e])
+            r1 = int64(rowmap[f0 + e + 1]) if e + 1 < ee else int64(-1)
+            r2 = int64(rowmap[f0 + e + 2]) if e + 2 < ee else int64(-1)
+            r3 = int64(rowmap[f0 + e + 3]) if e + 3 < ee else int64(-1)
+            cnt += _valid(r0, R) + _valid(r1, R) + _valid(r2, R) + _valid(r3, R)
+            if bad_row == BIG:
+                if r0 < -1 or r0 >= R:
+                    bad_row = f0 + e
+                elif r1 < -1 or r1 >= R:
+                    bad_row = f0 + e + 1
+                elif r2 < -1 or r2 >= R:
+                    bad_row = f0 + e + 2
+                elif r3 < -1 or r3 >= R:
+                    bad_row = f0 + e + 3
+            e += 4
+        q, n = block_exclusive_scan_i64(cnt, tmp)
+        e = eb
+        while e < ee and q < LMAX:  # (rereads hit L1)
+            r = int64(rowmap[f0 + e])
+            if r >= 0 and r < R:
+                lst_row[q] = r
+                q += 1
+            e += 1
 
         # 2) expert_prob_topk; smallest bad routing slot
         bad_id = BIG
-        for k in range(tid, K, bd):
+        k = tid
+        while k < K:
             g = t * K + k
             i = int64(routemap[g])
             p = float32(0)
@@ -223,15 +249,15 @@ def _make_combine(width, data_type, weighted, mix):
                 if g < bad_id:
                     bad_id = g
             elif i >= 0:
-                r = int64(rowmap[t * E + i])
+                r = int64(rowmap[f0 + i])
                 if r >= 0 and r < R:
                     p = probs[r]
             out_probs[g] = p
+            k += bd
         bad_row = block_min_i64(bad_row, tmp)  # (synchronises: the list is complete)
         bad_id = block_min_i64(bad_id, tmp)
-        if tid == 0:
-            part[2 * t] = bad_row
-            part[2 * t + 1] = bad_id
+        if tid == 0:  # status: global minima, then the last block's thread writes the words
+            _publish(status, rowmap, routemap, bad_row, bad_id, T)
 
         # 3) combine the rows, word by word
         acc = cuda.local.array(NL, float32)
@@ -282,40 +308,62 @@ def _make_combine(width, data_type, weighted, mix):
     return combine
 
 
-def _finalize_body(part, rowmap, routemap, status, nparts):
-    tmp = cuda.shared.array(TMP_WORDS, int64)
-    tid = cuda.threadIdx.x
-    bd = cuda.blockDim.x
-    bad_row = BIG
-    bad_id = BIG
-    for i in range(tid, nparts, bd):
-        v = part[2 * i]
-        if v < bad_row:
-            bad_row = v
-        v = part[2 * i + 1]
-        if v < bad_id:
-            bad_id = v
-    bad_row = block_min_i64(bad_row, tmp)
-    bad_id = block_min_i64(bad_id, tmp)
-    if tid == 0:
-        if bad_id == BIG:
-            status[_abi.UNPERMUTE_BAD_ID] = -1
-            status[_abi.UNPERMUTE_BAD_ID_VALUE] = -1
+@device
+def _valid(r, R):
+    return 1 if r >= 0 and r < R else 0
+
+
+@device
+def _write_status(status, rowmap, routemap, bad_row, bad_id):
+    if bad_id == BIG:
+        status[_abi.UNPERMUTE_BAD_ID] = -1
+        status[_abi.UNPERMUTE_BAD_ID_VALUE] = -1
+    else:
+        status[_abi.UNPERMUTE_BAD_ID] = bad_id
+        status[_abi.UNPERMUTE_BAD_ID_VALUE] = int64(routemap[bad_id])
+    if bad_row == BIG:
+        status[_abi.UNPERMUTE_BAD_ROW] = -1
+        status[_abi.UNPERMUTE_BAD_ROW_VALUE] = -1
+    else:
+        status[_abi.UNPERMUTE_BAD_ROW] = bad_row
+        status[_abi.UNPERMUTE_BAD_ROW_VALUE] = int64(rowmap[bad_row])
+
+
+@device
+@device
+def _publish(status, rowmap, routemap, bad_row, bad_id, T):
+    """One thread per token: fold the token's minima into the status words of the indices
+    (atomic min), take a ticket (the counter lives in the bad-id value word until the end);
+    the token that takes the last ticket writes the final status words."""
+    if bad_row != BIG:
+        atomic_min(status, _abi.UNPERMUTE_BAD_ROW, bad_row)
+    if bad_id != BIG:
+        atomic_min(status, _abi.UNPERMUTE_BAD_ID, bad_id)
+    cuda.threadfence()
+    if atomic_add(status, _abi.UNPERMUTE_BAD_ID_VALUE, 1) == T - 1:
+        cuda.threadfence()
+        _write_status(status, rowmap, routemap,
+                      atomic_min(status, _abi.UNPERMUTE_BAD_ROW, BIG),
+                      atomic_min(status, _abi.UNPERMUTE_BAD_ID, BIG))
+
+
+def _init_body(status, rowmap, routemap, T):
+    """Before combine: the status words become the two running minima and the ticket
+    counter (combine's last token writes the final words); with no tokens, the status."""
+    if cuda.threadIdx.x == 0:
+        if T == 0:
+            _write_status(status, rowmap, routemap, BIG, BIG)
         else:
-            status[_abi.UNPERMUTE_BAD_ID] = bad_id
-            status[_abi.UNPERMUTE_BAD_ID_VALUE] = int64(routemap[bad_id])
-        if bad_row == BIG:
-            status[_abi.UNPERMUTE_BAD_ROW] = -1
+            status[_abi.UNPERMUTE_BAD_ID] = BIG
+            status[_abi.UNPERMUTE_BAD_ID_VALUE] = 0
+            status[_abi.UNPERMUTE_BAD_ROW] = BIG
             status[_abi.UNPERMUTE_BAD_ROW_VALUE] = -1
-        else:
-            status[_abi.UNPERMUTE_BAD_ROW] = bad_row
-            status[_abi.UNPERMUTE_BAD_ROW_VALUE] = int64(rowmap[bad_row])
 
 
 # ------------------------------------------------------------------------------------------
 # kernels, compiled per signature on first use
 
-_finalize_jit = jit(_finalize_body, max_registers=64)  # 1024-thread block
+_init_jit = jit(_init_body)
 _combine_jit = {}
 _KERNELS = {}
 _I32P, _I64P, _F32P = P(types.int32), P(types.int64), P(types.float32)
@@ -327,8 +375,8 @@ def _combine_sig(width, rt):
     return types.void(wt, _I32P, P(rt), _F32P, wt, _F32P, _I64P, *([_I] * 5))
 
 
-def _finalize_sig(rt):
-    return types.void(_I64P, _I32P, P(rt), _I64P, _I)
+def _init_sig(rt):
+    return types.void(_I64P, _I32P, P(rt), _I)
 
 
 def _combine_dispatcher(width, data_type, weighted, mix):
@@ -346,8 +394,8 @@ def _widths(data_type):
 def _kernel(name, *key):
     k = _KERNELS.get((name, key))
     if k is None:
-        if name == "finalize":
-            k = RawKernel(_finalize_jit, _finalize_sig(_RT[key[0]]), "finalize")
+        if name == "init":
+            k = RawKernel(_init_jit, _init_sig(_RT[key[0]]), "init")
         else:
             width, data_type, weighted, mix, ri = key
             k = RawKernel(_combine_dispatcher(width, data_type, weighted, mix),
@@ -362,7 +410,7 @@ def all_kernels():
     out = []
     for ri in (4, 8):
         rt = _RT[ri]
-        out.append((f"finalize_i{ri * 8}", _finalize_body, _finalize_sig(rt)))
+        out.append((f"init_i{ri * 8}", _init_body, _init_sig(rt)))
         for data_type in (_abi.DATA_FLOAT32, _abi.DATA_BFLOAT16, _abi.DATA_FLOAT16):
             for width in _widths(data_type):
                 for weighted in (False, True):
@@ -397,6 +445,7 @@ def unpermute(rows, rowmap, routemap, probs, *, num_tokens, num_rows, hidden, nu
     """Run moe_unpermute's kernels on ``stream``; see the module docstring and SPEC.md.
 
     Every output element and every status word is written. Nothing is synchronised.
+    ``alloc`` is not called: the status words serve as the only scratch.
     """
     T, R, H, E, K = int(num_tokens), int(num_rows), int(hidden), int(num_experts), int(topk)
     ri = int(routemap_itemsize)
@@ -406,19 +455,18 @@ def unpermute(rows, rowmap, routemap, probs, *, num_tokens, num_rows, hidden, nu
     nw = H * esize // width
     wd = _WORD_DTYPE[width]
 
-    scratch = alloc(16 * max(T, 1))
-    part = scratch.kernel_arg(np.int64)
     rm = routemap.kernel_arg(rt_dtype)
     rmap = rowmap.kernel_arg(np.int32)
+    st = status.kernel_arg(np.int64)
     launch = Launcher(stream)
+    launch(_kernel("init", ri), 1, 32, (st, rmap, rm, T))
     if T > 0:
         launch(_kernel("combine", width, data_type, bool(weighted), bool(mix_precision), ri),
                T, _combine_block(nw),
                (rows.kernel_arg(wd) if R else _dummy(wd), rmap, rm,
                 probs.kernel_arg(np.float32) if R else _dummy(np.float32),
-                out_hidden.kernel_arg(wd), out_probs.kernel_arg(np.float32), part,
+                out_hidden.kernel_arg(wd), out_probs.kernel_arg(np.float32), st,
                 T, R, E, K, nw))
-    launch(_kernel("finalize", ri), 1, FIN_BD, (part, rmap, rm, status.kernel_arg(np.int64), T))
 
 
 def _dummy(dtype):
