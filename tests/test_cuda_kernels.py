@@ -1,5 +1,5 @@
-"""The GPU backend's kernels called directly (``moe_numba.cuda.permute.permute`` and
-``moe_numba.cuda.unpermute.unpermute``) in numba's CUDA simulator, bit for bit against the
+"""The GPU backend's kernels called directly (``moe_numba.kernels.permute.permute`` and
+``moe_numba.kernels.unpermute.unpermute``) in numba's CUDA simulator, bit for bit against the
 NumPy oracle.
 
 Block sizes are patched down so that tiny inputs still span several token chunks, expert
@@ -8,8 +8,6 @@ poisoned first, so an element a kernel forgets to write shows up as a mismatch. 
 simulator's ``cuda.fma`` rounds twice; it is replaced here by a correctly rounded fma so the
 weighted combine is compared exactly too.
 """
-
-import sys
 
 import ml_dtypes
 import numpy as np
@@ -22,31 +20,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _unbreak_numba_cuda_redirector():
-    """numba-cuda's import redirector claims every module whose name contains "numba.cuda",
-    ``moe_numba.cuda`` included, and then recurses forever; make it skip other names."""
-    for finder in sys.meta_path:
-        if type(finder).__name__ == "NumbaCudaFinder" and not getattr(finder, "_moe_fixed", 0):
-            original = finder.find_spec
-
-            def find_spec(name, path, target=None, _original=original):
-                if not (name == "numba.cuda" or name.startswith("numba.cuda.")):
-                    return None
-                return _original(name, path, target)
-
-            finder.find_spec = find_spec
-            finder._moe_fixed = 1
-
-
-_unbreak_numba_cuda_redirector()
-
 from moe_numba import _abi, _oracle  # noqa: E402
 
 if config.ENABLE_CUDASIM:
-    from moe_numba.cuda import _convert  # noqa: E402
-    from moe_numba.cuda import permute as PM  # noqa: E402
-    from moe_numba.cuda import unpermute as UP  # noqa: E402
-    from moe_numba.cuda._buffer import DeviceBuffer  # noqa: E402
+    from moe_numba.kernels import _convert  # noqa: E402
+    from moe_numba.kernels import permute as PM  # noqa: E402
+    from moe_numba.kernels import unpermute as UP  # noqa: E402
+    from moe_numba.kernels._buffer import DeviceBuffer  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -54,8 +34,19 @@ def small_geometry(monkeypatch):
     """Tiny blocks: a chunk is at most 32 tokens and 128 routing ids, a count block sees 4
     experts, a token block 4 destinations, a padding block 8 rows, a token's list 256 rows
     (4 in one test)."""
-    for name, value in dict(CT=32, ETILE=4, COUNT_BITS=4, COUNT_BD=16, SCAN_BD=64, GATHER_BD=16,
-                            MIN_BD=8, PAD_ROWS=8, DMAX=4, RMT=128, NC_TARGET=2).items():
+    for name, value in dict(
+        CT=32,
+        ETILE=4,
+        COUNT_BITS=4,
+        COUNT_BD=16,
+        SCAN_BD=64,
+        GATHER_BD=16,
+        MIN_BD=8,
+        PAD_ROWS=8,
+        DMAX=4,
+        RMT=128,
+        NC_TARGET=2,
+    ).items():
         monkeypatch.setattr(PM, name, value)
     for name, value in dict(COMBINE_BD=16, MIN_BD=8).items():
         monkeypatch.setattr(UP, name, value)
@@ -101,18 +92,23 @@ def counts_of(rm, E):
     return c
 
 
-def run_permute(hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=True,
-                override=-1, poison=0x5A):
+def run_permute(
+    hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=True, override=-1, poison=0x5A
+):
     """Run the kernels and the oracle; assert every output and status word is identical."""
     T, K = rm.shape
-    (expected, status_expected) = _oracle.permute(hidden, scale, rm, probs, E, tpe, A,
-                                                  do_gather, indices, override)
+    (expected, status_expected) = _oracle.permute(
+        hidden, scale, rm, probs, E, tpe, A, do_gather, indices, override
+    )
     R = expected[2].shape[0]
     H = hidden.shape[1]
     bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[hidden.dtype.itemsize]
     out_hidden = np.full((R, H), poison, bits) if do_gather else None
-    out_scale = (np.full((R, scale.shape[1]), poison, np.uint32)
-                 if (do_gather and scale is not None) else None)
+    out_scale = (
+        np.full((R, scale.shape[1]), poison, np.uint32)
+        if (do_gather and scale is not None)
+        else None
+    )
     out_rowmap = np.full((T, E), 0x5A5A, np.int32)
     out_probs = np.full(R, 0x5A5A5A5A, np.uint32)
     out_indices = np.full(R, 0x5A5A, np.int32) if indices else None
@@ -122,16 +118,25 @@ def run_permute(hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=Tru
     PM.permute(
         buf(hidden.view(bits)) if do_gather else None,
         buf(scale.view(np.uint32)) if gather_scale else None,
-        buf(rm), buf(probs), None if override >= 0 else buf(np.asarray(tpe, np.int64)),
-        num_tokens=T, topk=K, num_experts=E, alignment=A, num_rows=R,
+        buf(rm),
+        buf(probs),
+        None if override >= 0 else buf(np.asarray(tpe, np.int64)),
+        num_tokens=T,
+        topk=K,
+        num_experts=E,
+        alignment=A,
+        num_rows=R,
         hidden_row_bytes=H * hidden.dtype.itemsize,
         scale_row_bytes=scale.shape[1] * 4 if gather_scale else 0,
         routemap_itemsize=rm.dtype.itemsize,
         out_hidden=None if out_hidden is None else buf(out_hidden),
         out_scale=None if out_scale is None else buf(out_scale),
-        out_rowmap=buf(out_rowmap), out_probs=buf(out_probs),
+        out_rowmap=buf(out_rowmap),
+        out_probs=buf(out_probs),
         out_indices=None if out_indices is None else buf(out_indices),
-        status=buf(status), alloc=alloc, stream=0,
+        status=buf(status),
+        alloc=alloc,
+        stream=0,
     )
     assert alloc.calls == 1
     np.testing.assert_array_equal(status, status_expected)
@@ -265,19 +270,38 @@ def run_unpermute(rows, rowmap, rm, probs, E, weighted, mix):
     T, K = rm.shape
     R, H = rows.shape
     (expected, expected_probs), status_expected = _oracle.unpermute(
-        rows, rowmap, rm, probs, T, E, mix, weighted)
-    code = {np.dtype(np.float32): _abi.DATA_FLOAT32, np.dtype(ml_dtypes.bfloat16):
-            _abi.DATA_BFLOAT16, np.dtype(np.float16): _abi.DATA_FLOAT16}[rows.dtype]
+        rows, rowmap, rm, probs, T, E, mix, weighted
+    )
+    code = {
+        np.dtype(np.float32): _abi.DATA_FLOAT32,
+        np.dtype(ml_dtypes.bfloat16): _abi.DATA_BFLOAT16,
+        np.dtype(np.float16): _abi.DATA_FLOAT16,
+    }[rows.dtype]
     bits = np.uint32 if code == _abi.DATA_FLOAT32 else np.uint16
     out = np.full((T, H), 0x5A5A, bits)
     out_probs = np.full((T, K), 0x5A5A5A5A, np.uint32)
     status = np.full(_abi.UNPERMUTE_STATUS_LEN, 0x5A, np.int64)
     alloc = Alloc()
-    UP.unpermute(buf(rows.view(bits)), buf(rowmap), buf(rm), buf(probs), num_tokens=T,
-                 num_rows=R, hidden=H, num_experts=E, topk=K, data_type=code,
-                 routemap_itemsize=rm.dtype.itemsize, weighted=weighted, mix_precision=mix,
-                 out_hidden=buf(out), out_probs=buf(out_probs.view(np.float32)),
-                 status=buf(status), alloc=alloc, stream=0)
+    UP.unpermute(
+        buf(rows.view(bits)),
+        buf(rowmap),
+        buf(rm),
+        buf(probs),
+        num_tokens=T,
+        num_rows=R,
+        hidden=H,
+        num_experts=E,
+        topk=K,
+        data_type=code,
+        routemap_itemsize=rm.dtype.itemsize,
+        weighted=weighted,
+        mix_precision=mix,
+        out_hidden=buf(out),
+        out_probs=buf(out_probs.view(np.float32)),
+        status=buf(status),
+        alloc=alloc,
+        stream=0,
+    )
     assert alloc.calls == 0  # no scratch: the status words double as it
     np.testing.assert_array_equal(status, status_expected)
     np.testing.assert_array_equal(out_probs, expected_probs.view(np.uint32))
@@ -302,16 +326,23 @@ def unzipped(rng, T, K, E, R, dtype, H, scale=1.0):
 
 
 CASES = [  # (dtype, H): the row sizes pick 16-, 8-, 4- and 2-byte words
-    (np.float32, 4), (np.float32, 2), (np.float32, 3),
-    (ml_dtypes.bfloat16, 8), (ml_dtypes.bfloat16, 6), (ml_dtypes.bfloat16, 3),
-    (np.float16, 12), (np.float16, 4), (np.float16, 1),
+    (np.float32, 4),
+    (np.float32, 2),
+    (np.float32, 3),
+    (ml_dtypes.bfloat16, 8),
+    (ml_dtypes.bfloat16, 6),
+    (ml_dtypes.bfloat16, 3),
+    (np.float16, 12),
+    (np.float16, 4),
+    (np.float16, 1),
 ]
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["sum", "weighted"])
 @pytest.mark.parametrize("mix", [True, False], ids=["mix", "nomix"])
-@pytest.mark.parametrize("dtype,H", CASES[::4] + CASES[1::4][:1],
-                         ids=lambda x: getattr(x, "__name__", str(x)))
+@pytest.mark.parametrize(
+    "dtype,H", CASES[::4] + CASES[1::4][:1], ids=lambda x: getattr(x, "__name__", str(x))
+)
 def test_unpermute_flags(dtype, H, weighted, mix):
     rng = np.random.default_rng(10 + H)
     rows, rowmap, rm, probs = unzipped(rng, 9, 4, 6, 30, dtype, H, scale=50.0)
@@ -389,14 +420,32 @@ def _conversion_kernel(x, bf16, f16, back16):
 
 def test_rounding_conversions():
     rng = np.random.default_rng(60)
-    x = np.concatenate([
-        rng.integers(0, 2**32, 3000, dtype=np.uint64).astype(np.uint32).view(np.float32),
-        # around every float16 boundary: subnormal range, ties, overflow
-        (np.float32(2.0) ** rng.integers(-27, 17, 1500)).astype(np.float32)
-        * rng.choice(np.float32([1, 1.5, 1.0009765625, 1.00048828125, 1.99951171875]), 1500),
-        np.float32([0, -0.0, np.inf, -np.inf, np.nan, 65504, 65519.996, 65520, 2**-24, 2**-25,
-                    3 * 2**-26, 2**-14, 2**-14 - 2**-25, 3.4028235e38]),
-    ]).astype(np.float32)
+    x = np.concatenate(
+        [
+            rng.integers(0, 2**32, 3000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+            # around every float16 boundary: subnormal range, ties, overflow
+            (np.float32(2.0) ** rng.integers(-27, 17, 1500)).astype(np.float32)
+            * rng.choice(np.float32([1, 1.5, 1.0009765625, 1.00048828125, 1.99951171875]), 1500),
+            np.float32(
+                [
+                    0,
+                    -0.0,
+                    np.inf,
+                    -np.inf,
+                    np.nan,
+                    65504,
+                    65519.996,
+                    65520,
+                    2**-24,
+                    2**-25,
+                    3 * 2**-26,
+                    2**-14,
+                    2**-14 - 2**-25,
+                    3.4028235e38,
+                ]
+            ),
+        ]
+    ).astype(np.float32)
     x[::3] *= -1
     bf16 = np.zeros(x.size, np.uint32)
     f16 = np.zeros(x.size, np.uint32)
@@ -406,5 +455,6 @@ def test_rounding_conversions():
     expected_f16 = _oracle.round_to(np.float16, x).view(np.uint16)
     np.testing.assert_array_equal(bf16, expected_bf16)
     np.testing.assert_array_equal(f16, expected_f16)
-    np.testing.assert_array_equal(back.view(np.uint32),
-                                  expected_f16.view(np.float16).astype(np.float32).view(np.uint32))
+    np.testing.assert_array_equal(
+        back.view(np.uint32), expected_f16.view(np.float16).astype(np.float32).view(np.uint32)
+    )

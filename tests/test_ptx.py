@@ -1,7 +1,7 @@
 """Compile every GPU kernel for sm_90 with its real signature, without a GPU.
 
 The simulator runs kernels as Python and accepts code a GPU rejects; this compiles the
-kernels that ``moe_numba.cuda`` launches (every word width, data type, flag and routing
+kernels that ``moe_numba.kernels`` launches (every word width, data type, flag and routing
 index type) with numba's real CUDA target to PTX, and checks a few properties of the code:
 16-byte vector accesses in the copies, no local-memory spills of the accumulators, no
 multiply-add in the float path except the weighted combine's explicit fma.
@@ -17,27 +17,9 @@ import types
 import pytest
 from numba import config
 
-real_target = pytest.mark.skipif(bool(config.ENABLE_CUDASIM),
-                                 reason="the PTX check needs the real numba.cuda target")
-
-
-def _unbreak_numba_cuda_redirector():
-    """numba-cuda's import redirector claims every module whose name contains "numba.cuda",
-    ``moe_numba.cuda`` included, and then recurses forever; make it skip other names."""
-    for finder in sys.meta_path:
-        if type(finder).__name__ == "NumbaCudaFinder" and not getattr(finder, "_moe_fixed", 0):
-            original = finder.find_spec
-
-            def find_spec(name, path, target=None, _original=original):
-                if not (name == "numba.cuda" or name.startswith("numba.cuda.")):
-                    return None
-                return _original(name, path, target)
-
-            finder.find_spec = find_spec
-            finder._moe_fixed = 1
-
-
-_unbreak_numba_cuda_redirector()
+real_target = pytest.mark.skipif(
+    bool(config.ENABLE_CUDASIM), reason="the PTX check needs the real numba.cuda target"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -47,14 +29,15 @@ def _no_driver(monkeypatch):
     # device functions and intrinsics ask the (absent) driver for the current device's CC
     import numba.cuda.dispatcher as dispatcher
 
-    monkeypatch.setattr(dispatcher, "get_current_device",
-                        lambda: types.SimpleNamespace(compute_capability=(9, 0)))
+    monkeypatch.setattr(
+        dispatcher, "get_current_device", lambda: types.SimpleNamespace(compute_capability=(9, 0))
+    )
 
 
 def _kernels():
     if config.ENABLE_CUDASIM:
         return []
-    from moe_numba.cuda import permute, unpermute
+    from moe_numba.kernels import permute, unpermute
 
     return permute.all_kernels() + unpermute.all_kernels()
 
@@ -74,7 +57,7 @@ def _compile(fn, sig):
 
 
 def _body(ptx):
-    return ptx[ptx.index(".entry"):]
+    return ptx[ptx.index(".entry") :]
 
 
 @pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="runs the checks below directly")
@@ -82,8 +65,12 @@ def test_in_a_process_without_the_simulator():
     """This session runs the simulator (tests/conftest.py turns it on where no GPU exists):
     run this file again in a child process with the real target."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           __file__], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
 
 

@@ -1,6 +1,6 @@
 """What the API and the two backends exchange: status words and data-type codes.
 
-Both backends (``moe_cpu`` and ``moe_numba.cuda``) report the value errors of SPEC.md in a
+Both backends (``moe_cpu`` and ``moe_numba.kernels``) report the value errors of SPEC.md in a
 small int64 array instead of raising themselves, so that the GPU needs a single read-back and
 both backends share one set of messages (``moe_numba._contract.raise_for_status``). Every slot
 holds -1 when there is nothing to report; a backend writes every slot on every call.

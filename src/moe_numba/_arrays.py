@@ -2,7 +2,7 @@
 
 A call's arrays are either all NumPy arrays (CPU backend) or all CUDA arrays of one library
 (GPU backend). Each supported library gets a small adapter: read shape and dtype, give the
-kernels a :class:`~moe_numba.cuda._buffer.DeviceBuffer`, allocate outputs with the library's
+kernels a :class:`~moe_numba.kernels._buffer.DeviceBuffer`, allocate outputs with the library's
 own allocator, name the current stream. torch and CuPy are never imported unless the
 caller's array already comes from them (then they are in ``sys.modules``).
 """
@@ -13,6 +13,8 @@ import sys
 
 import ml_dtypes
 import numpy as np
+
+from .kernels._buffer import DeviceBuffer
 
 _KDL_CUDA_DEVICES = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
 
@@ -183,9 +185,7 @@ class TorchLibrary:
 
     @staticmethod
     def buffer(x):
-        from .cuda._buffer import DeviceBuffer
-
-        return DeviceBuffer(x.data_ptr(), x.numel() * x.element_size())
+        return DeviceBuffer(x.data_ptr(), x.nbytes)
 
     def empty(self, shape, dtype, like):
         return self.torch.empty(shape, dtype=self.to_torch[np.dtype(dtype)], device=like.device)
@@ -235,8 +235,6 @@ class CupyLibrary:
 
     @staticmethod
     def buffer(x):
-        from .cuda._buffer import DeviceBuffer
-
         return DeviceBuffer(x.data.ptr, x.nbytes)
 
     def empty(self, shape, dtype, like):
@@ -287,8 +285,6 @@ class NumbaLibrary:
         return self._as_numba(x).is_c_contiguous()
 
     def buffer(self, x):
-        from .cuda._buffer import DeviceBuffer
-
         x = self._as_numba(x)
         ptr = x.device_ctypes_pointer.value if x.size else 0
         return DeviceBuffer(ptr or 0, x.nbytes)
@@ -346,8 +342,6 @@ class SimulatorLibrary(NumbaLibrary):
         return x._ary.flags.c_contiguous
 
     def buffer(self, x):
-        from .cuda._buffer import DeviceBuffer
-
         return DeviceBuffer(0, x.nbytes, sim_array=x._ary)
 
     def empty(self, shape, dtype, like):

@@ -63,7 +63,7 @@ class _Call:
 
 class _GPUBackend:
     def __init__(self):
-        from .cuda import permute, unpermute
+        from .kernels import permute, unpermute
 
         self._permute = permute.permute
         self._unpermute = unpermute.unpermute

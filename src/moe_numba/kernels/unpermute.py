@@ -342,9 +342,13 @@ def _publish(status, rowmap, routemap, bad_row, bad_id, T):
     cuda.threadfence()
     if atomic_add(status, _abi.UNPERMUTE_BAD_ID_VALUE, 1) == T - 1:
         cuda.threadfence()
-        _write_status(status, rowmap, routemap,
-                      atomic_min(status, _abi.UNPERMUTE_BAD_ROW, BIG),
-                      atomic_min(status, _abi.UNPERMUTE_BAD_ID, BIG))
+        _write_status(
+            status,
+            rowmap,
+            routemap,
+            atomic_min(status, _abi.UNPERMUTE_BAD_ROW, BIG),
+            atomic_min(status, _abi.UNPERMUTE_BAD_ID, BIG),
+        )
 
 
 def _init_body(status, rowmap, routemap, T):
@@ -398,9 +402,11 @@ def _kernel(name, *key):
             k = RawKernel(_init_jit, _init_sig(_RT[key[0]]), "init")
         else:
             width, data_type, weighted, mix, ri = key
-            k = RawKernel(_combine_dispatcher(width, data_type, weighted, mix),
-                          _combine_sig(width, _RT[ri]),
-                          f"combine_w{width}_d{data_type}_{int(weighted)}{int(mix)}")
+            k = RawKernel(
+                _combine_dispatcher(width, data_type, weighted, mix),
+                _combine_sig(width, _RT[ri]),
+                f"combine_w{width}_d{data_type}_{int(weighted)}{int(mix)}",
+            )
         _KERNELS[(name, key)] = k
     return k
 
@@ -416,8 +422,14 @@ def all_kernels():
                 for weighted in (False, True):
                     for mix in (False, True):
                         fn = _combine_dispatcher(width, data_type, weighted, mix).py_func
-                        out.append((f"combine_w{width}_d{data_type}_{int(weighted)}{int(mix)}"
-                                    f"_i{ri * 8}", fn, _combine_sig(width, rt)))
+                        out.append(
+                            (
+                                f"combine_w{width}_d{data_type}_{int(weighted)}{int(mix)}"
+                                f"_i{ri * 8}",
+                                fn,
+                                _combine_sig(width, rt),
+                            )
+                        )
     return out
 
 
@@ -439,9 +451,27 @@ def _width(row_bytes, data_type, *buffers):
     return _ITEMSIZE[data_type]
 
 
-def unpermute(rows, rowmap, routemap, probs, *, num_tokens, num_rows, hidden, num_experts,
-              topk, data_type, routemap_itemsize, weighted, mix_precision, out_hidden,
-              out_probs, status, alloc, stream):
+def unpermute(
+    rows,
+    rowmap,
+    routemap,
+    probs,
+    *,
+    num_tokens,
+    num_rows,
+    hidden,
+    num_experts,
+    topk,
+    data_type,
+    routemap_itemsize,
+    weighted,
+    mix_precision,
+    out_hidden,
+    out_probs,
+    status,
+    alloc,
+    stream,
+):
     """Run moe_unpermute's kernels on ``stream``; see the module docstring and SPEC.md.
 
     Every output element and every status word is written. Nothing is synchronised.
@@ -461,12 +491,25 @@ def unpermute(rows, rowmap, routemap, probs, *, num_tokens, num_rows, hidden, nu
     launch = Launcher(stream)
     launch(_kernel("init", ri), 1, 32, (st, rmap, rm, T))
     if T > 0:
-        launch(_kernel("combine", width, data_type, bool(weighted), bool(mix_precision), ri),
-               T, _combine_block(nw),
-               (rows.kernel_arg(wd) if R else _dummy(wd), rmap, rm,
+        launch(
+            _kernel("combine", width, data_type, bool(weighted), bool(mix_precision), ri),
+            T,
+            _combine_block(nw),
+            (
+                rows.kernel_arg(wd) if R else _dummy(wd),
+                rmap,
+                rm,
                 probs.kernel_arg(np.float32) if R else _dummy(np.float32),
-                out_hidden.kernel_arg(wd), out_probs.kernel_arg(np.float32), st,
-                T, R, E, K, nw))
+                out_hidden.kernel_arg(wd),
+                out_probs.kernel_arg(np.float32),
+                st,
+                T,
+                R,
+                E,
+                K,
+                nw,
+            ),
+        )
 
 
 def _dummy(dtype):

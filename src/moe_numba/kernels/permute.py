@@ -211,8 +211,25 @@ def _load8(counts, c, c1, E, e, vals):
         vals[u] = counts[(c + u) * E + e] if c + u < c1 else 0
 
 
-def _scan_body(counts, capacity, offsets, lim, ctot, part, routemap, status, done,
-               NC, E, A, R, T, K, override, ex_dim):
+def _scan_body(
+    counts,
+    capacity,
+    offsets,
+    lim,
+    ctot,
+    part,
+    routemap,
+    status,
+    done,
+    NC,
+    E,
+    A,
+    R,
+    T,
+    K,
+    override,
+    ex_dim,
+):
     sums = cuda.shared.array(SCAN_BD, int64)
     tmp = cuda.shared.array(TMP_WORDS, int64)
     last = cuda.shared.array(1, int32)
@@ -357,9 +374,29 @@ def _make_gather(hw, sw, prefetch=True):
     lds, sts, stzs = _copy.word_ops(sw)
     PREFETCH = bool(prefetch)
 
-    def gather(hidden, scale, routemap, probs, slot_rank, counts, offsets, lim,
-               out_hidden, out_scale, rowmap, out_probs, out_indices,
-               T, K, E, R, hnw, snw, has_indices, ct):
+    def gather(
+        hidden,
+        scale,
+        routemap,
+        probs,
+        slot_rank,
+        counts,
+        offsets,
+        lim,
+        out_hidden,
+        out_scale,
+        rowmap,
+        out_probs,
+        out_indices,
+        T,
+        K,
+        E,
+        R,
+        hnw,
+        snw,
+        has_indices,
+        ct,
+    ):
         dest = cuda.shared.array(DMAX, int64)
         flags = cuda.shared.array(PAD_ROWS, int32)
         tid = cuda.threadIdx.x
@@ -476,14 +513,14 @@ def _count_sig(rt):
 
 
 def _scan_sig(rt):
-    return types.void(_I32P, _I64P, _I64P, _I64P, _I64P, _I64P, P(rt), _I64P, _I64P,
-                      *([_I] * 8))
+    return types.void(_I32P, _I64P, _I64P, _I64P, _I64P, _I64P, P(rt), _I64P, _I64P, *([_I] * 8))
 
 
 def _gather_sig(hw, sw, rt):
     h, s = P(_copy.WORD_TYPE[hw]), P(_copy.WORD_TYPE[sw])
-    return types.void(h, s, P(rt), _U32P, _I32P, _I32P, _I64P, _I64P,
-                      h, s, _I32P, _U32P, _I32P, *([_I] * 8))
+    return types.void(
+        h, s, P(rt), _U32P, _I32P, _I32P, _I64P, _I64P, h, s, _I32P, _U32P, _I32P, *([_I] * 8)
+    )
 
 
 def _gather_dispatcher(hw, sw, prefetch=True):
@@ -502,8 +539,11 @@ def _kernel(name, *key):
             k = RawKernel(_scan_jit, _scan_sig(_RT[key[0]]), "scan")
         else:
             hw, sw, ri, prefetch = key
-            k = RawKernel(_gather_dispatcher(hw, sw, prefetch), _gather_sig(hw, sw, _RT[ri]),
-                          f"gather_h{hw}_s{sw}" + ("" if prefetch else "_noprefetch"))
+            k = RawKernel(
+                _gather_dispatcher(hw, sw, prefetch),
+                _gather_sig(hw, sw, _RT[ri]),
+                f"gather_h{hw}_s{sw}" + ("" if prefetch else "_noprefetch"),
+            )
         _KERNELS[(name, key)] = k
     return k
 
@@ -529,8 +569,9 @@ def all_kernels():
 def _sub(buf, offset, nbytes):
     """Bytes [offset, offset + nbytes) of a scratch buffer."""
     sim = None if buf.sim_array is None else buf.sim_array.reshape(-1).view(np.uint8)
-    return DeviceBuffer(buf.ptr + offset, nbytes,
-                        None if sim is None else sim[offset:offset + nbytes])
+    return DeviceBuffer(
+        buf.ptr + offset, nbytes, None if sim is None else sim[offset : offset + nbytes]
+    )
 
 
 def _arg(buf, dtype):
@@ -559,9 +600,30 @@ def _chunk_tokens(T, K):
     return ct
 
 
-def permute(hidden, scale, routemap, probs, capacity, *, num_tokens, topk, num_experts,
-            alignment, num_rows, hidden_row_bytes, scale_row_bytes, routemap_itemsize,
-            out_hidden, out_scale, out_rowmap, out_probs, out_indices, status, alloc, stream):
+def permute(
+    hidden,
+    scale,
+    routemap,
+    probs,
+    capacity,
+    *,
+    num_tokens,
+    topk,
+    num_experts,
+    alignment,
+    num_rows,
+    hidden_row_bytes,
+    scale_row_bytes,
+    routemap_itemsize,
+    out_hidden,
+    out_scale,
+    out_rowmap,
+    out_probs,
+    out_indices,
+    status,
+    alloc,
+    stream,
+):
     """Run moe_permute's kernels on ``stream``; see the module docstring and SPEC.md.
 
     Every output element and every status word is written. Nothing is synchronised.
@@ -609,25 +671,67 @@ def permute(hidden, scale, routemap, probs, capacity, *, num_tokens, topk, num_e
     launch = Launcher(stream)
 
     if T > 0:
-        launch(_kernel("count", ri), (nc, net), COUNT_BD,
-               (rm, ranks, counts, part, done, T, K, E, ct))
+        launch(
+            _kernel("count", ri), (nc, net), COUNT_BD, (rm, ranks, counts, part, done, T, K, E, ct)
+        )
 
     # scan: one block per tile of ex_dim experts (the last one to finish does the offsets
     # and the status); with no tokens, one block and no ticket counter
     ex_dim = max(1, SCAN_BD // 32) if T > 0 else SCAN_BD
     override = 1 if capacity is None else 0
-    launch(_kernel("scan", ri), -(-E // ex_dim) if T > 0 else 1, SCAN_BD,
-           (counts, _arg(capacity, np.int64), offsets, lim, ctot, part, rm,
-            status.kernel_arg(np.int64), done, nc, E, int(alignment), R, T, K, override,
-            ex_dim))
+    launch(
+        _kernel("scan", ri),
+        -(-E // ex_dim) if T > 0 else 1,
+        SCAN_BD,
+        (
+            counts,
+            _arg(capacity, np.int64),
+            offsets,
+            lim,
+            ctot,
+            part,
+            rm,
+            status.kernel_arg(np.int64),
+            done,
+            nc,
+            E,
+            int(alignment),
+            R,
+            T,
+            K,
+            override,
+            ex_dim,
+        ),
+    )
 
     blocks = T + -(-R // PAD_ROWS)
     if blocks > 0:
         hd, sd = _copy.WORD_DTYPE[hw], _copy.WORD_DTYPE[sw]
-        launch(_kernel("gather", hw, sw, ri, PREFETCH), blocks, _gather_block(max(hnw, snw)),
-               (_arg(hidden if hnw else None, hd), _arg(scale if snw else None, sd), rm,
-                probs.kernel_arg(np.uint32), ranks, counts, offsets, lim,
-                _arg(out_hidden if hnw else None, hd), _arg(out_scale if snw else None, sd),
-                rowmap, _arg(out_probs if R else None, np.uint32),
+        launch(
+            _kernel("gather", hw, sw, ri, PREFETCH),
+            blocks,
+            _gather_block(max(hnw, snw)),
+            (
+                _arg(hidden if hnw else None, hd),
+                _arg(scale if snw else None, sd),
+                rm,
+                probs.kernel_arg(np.uint32),
+                ranks,
+                counts,
+                offsets,
+                lim,
+                _arg(out_hidden if hnw else None, hd),
+                _arg(out_scale if snw else None, sd),
+                rowmap,
+                _arg(out_probs if R else None, np.uint32),
                 _arg(out_indices if (out_indices is not None and R) else None, np.int32),
-                T, K, E, R, hnw, snw, 0 if out_indices is None else 1, ct))
+                T,
+                K,
+                E,
+                R,
+                hnw,
+                snw,
+                0 if out_indices is None else 1,
+                ct,
+            ),
+        )
