@@ -65,3 +65,24 @@ def test_torch_cpu_tensor_is_refused():
         TypeError, match="expert_prob_topk must be a NumPy array or a CUDA array.*torch CPU tensor"
     ):
         moe_permute(**args)
+
+
+def test_cuda_arrays_without_a_usable_gpu_explain_what_is_missing(monkeypatch):
+    from numba import config, cuda
+
+    from moe_numba import _gpu
+
+    monkeypatch.setattr(_gpu, "_BACKEND", None)
+    monkeypatch.setattr(config, "ENABLE_CUDASIM", 0)
+    monkeypatch.setattr(cuda, "is_available", lambda: False)
+    with pytest.raises(_gpu.GPUUnavailableError, match=r"finds no usable GPU/driver.*nvidia-smi"):
+        _gpu.gpu_backend()
+
+
+def test_cuda_arrays_without_numba_cuda_name_the_extra(monkeypatch):
+    from moe_numba import _gpu
+
+    monkeypatch.setattr(_gpu, "_BACKEND", None)
+    monkeypatch.setitem(sys.modules, "numba", None)
+    with pytest.raises(_gpu.GPUUnavailableError, match=r"pip install 'moe-numba\[gpu\]'"):
+        _gpu.gpu_backend()

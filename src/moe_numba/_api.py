@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from . import _abi
-from ._arrays import array_library, check_contiguous, locate
+from ._arrays import array_library, check_arrays, locate
 from ._contract import (
+    permute_outputs,
     plan_permute,
     plan_unpermute,
     raise_for_permute_status,
     raise_for_unpermute_status,
+    unpermute_outputs,
 )
 
 
@@ -20,22 +22,6 @@ def _shape_of(x):
 
 def _dtype_of(x):
     return array_library(x).dtype(x)
-
-
-def _check_arrays(arrays):
-    """Contiguity of every array and, on the GPU, one device for all of them."""
-    devices = {}
-    for name, x in arrays.items():
-        if x is None:
-            continue
-        check_contiguous(name, x)
-        devices.setdefault(array_library(x).device(x), name)
-    if len(devices) > 1:
-        (device_a, name_a), (device_b, name_b) = list(devices.items())[:2]
-        raise TypeError(
-            f"{name_a} is on {device_a} but {name_b} is on {device_b}: "
-            "pass all arrays on one device"
-        )
 
 
 def _as_bytes(x):
@@ -168,7 +154,7 @@ def moe_permute(
         shape_of=_shape_of,
         dtype_of=_dtype_of,
     )
-    _check_arrays(arrays)
+    check_arrays(arrays)
     if backend == "cpu":
         outputs, status = _permute_cpu(
             plan, hidden_states, scale, expert_routemap_topk, expert_prob_topk, validate
@@ -182,24 +168,10 @@ def moe_permute(
     return outputs
 
 
-def _permute_outputs(plan, empty):
-    """Allocate the outputs of ``moe_permute`` with ``empty(shape, dtype)``."""
-    rows = plan.num_rows if plan.do_gather else 0
-    hidden = empty((rows, plan.hidden), plan.hidden_dtype)
-    rowmap = empty((plan.num_tokens, plan.num_experts), np.int32)
-    probs = empty((plan.num_rows,), np.float32)
-    if plan.scale_dtype is not None and plan.do_gather:
-        scale = empty((plan.num_rows, plan.scale_width), plan.scale_dtype)
-    else:
-        scale = empty((0,), np.float32)
-    indices = empty((plan.num_rows,), np.int32) if plan.return_expert_indices else None
-    return hidden, rowmap, probs, scale, indices
-
-
 def _permute_cpu(plan, hidden_states, scale, routemap, probs, validate):
     import moe_cpu
 
-    hidden, rowmap, row_probs, row_scale, indices = _permute_outputs(plan, moe_cpu.empty)
+    hidden, rowmap, row_probs, row_scale, indices = permute_outputs(plan, moe_cpu.empty)
     status = np.empty(_abi.PERMUTE_STATUS_LEN, dtype=np.int64)
     gather_scale = plan.do_gather and scale is not None
     moe_cpu.permute(
@@ -318,7 +290,7 @@ def moe_unpermute(
         shape_of=_shape_of,
         dtype_of=_dtype_of,
     )
-    _check_arrays(arrays)
+    check_arrays(arrays)
     if backend == "cpu":
         outputs, status = _unpermute_cpu(
             plan,
@@ -341,13 +313,6 @@ def moe_unpermute(
     return outputs
 
 
-def _unpermute_outputs(plan, empty):
-    """Allocate the outputs of ``moe_unpermute`` with ``empty(shape, dtype)``."""
-    hidden = empty((plan.num_tokens, plan.hidden), plan.dtype)
-    probs = empty((plan.num_tokens, plan.topk), np.float32)
-    return hidden, probs
-
-
 def _kernel_view(x, plan):
     """float32 rows as they are, 16-bit rows as their uint16 bit patterns."""
     return x if plan.data_type == _abi.DATA_FLOAT32 else x.view(np.uint16)
@@ -356,7 +321,7 @@ def _kernel_view(x, plan):
 def _unpermute_cpu(plan, rows, rowmap, routemap, probs):
     import moe_cpu
 
-    hidden, slot_probs = _unpermute_outputs(plan, moe_cpu.empty)
+    hidden, slot_probs = unpermute_outputs(plan, moe_cpu.empty)
     status = np.empty(_abi.UNPERMUTE_STATUS_LEN, dtype=np.int64)
     moe_cpu.unpermute(
         _kernel_view(rows, plan),

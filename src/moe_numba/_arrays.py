@@ -98,12 +98,27 @@ def locate(arrays):
     return "cuda" if first_cuda else "cpu"
 
 
-def check_contiguous(name, x):
-    """Raise ``ValueError`` unless ``x`` is C-contiguous (kernels index rows linearly)."""
-    if not array_library(x).is_contiguous(x):
-        raise ValueError(
-            f"{name} must be C-contiguous; got a strided view of shape "
-            f"{tuple(array_library(x).shape(x))} (make a contiguous copy first)"
+def check_arrays(arrays):
+    """Every array C-contiguous (kernels index rows linearly) and all on one device.
+
+    Raises ``ValueError`` for a strided array, ``TypeError`` for arrays on two devices.
+    """
+    devices = {}
+    for name, x in arrays.items():
+        if x is None:
+            continue
+        library = array_library(x)
+        if not library.is_contiguous(x):
+            raise ValueError(
+                f"{name} must be C-contiguous; got a strided view of shape "
+                f"{tuple(library.shape(x))} (make a contiguous copy first)"
+            )
+        devices.setdefault(library.device(x), name)
+    if len(devices) > 1:
+        (device_a, name_a), (device_b, name_b) = list(devices.items())[:2]
+        raise TypeError(
+            f"{name_a} is on {device_a} but {name_b} is on {device_b}: "
+            "pass all arrays on one device"
         )
 
 
@@ -357,26 +372,32 @@ class SimulatorLibrary(NumbaLibrary):
         return 0
 
 
-_LIBRARIES = {}
+_ADAPTERS = {
+    "numpy": NumpyLibrary,
+    "cudasim": SimulatorLibrary,
+    "torch": TorchLibrary,
+    "cupy": CupyLibrary,
+    "numba": NumbaLibrary,
+}
+_LIBRARIES = {}  # adapter name -> adapter
+_LIBRARY_OF_TYPE = {}  # array type -> adapter (every call asks this several times)
 
 
 def array_library(x):
-    """The adapter for ``x``'s library (cached)."""
+    """The adapter for ``x``'s library (cached by type)."""
+    library = _LIBRARY_OF_TYPE.get(type(x))
+    if library is not None:
+        return library
     if isinstance(x, np.ndarray):
-        key = "numpy"
+        name = "numpy"
     elif _is_sim_array(x):
-        key = "cudasim"
+        name = "cudasim"
     else:
-        key = _module_root(x)
-        if key not in ("torch", "cupy"):
-            key = "numba"
-    library = _LIBRARIES.get(key)
+        name = _module_root(x)
+        if name not in ("torch", "cupy"):
+            name = "numba"
+    library = _LIBRARIES.get(name)
     if library is None:
-        library = _LIBRARIES[key] = {
-            "numpy": NumpyLibrary,
-            "cudasim": SimulatorLibrary,
-            "torch": TorchLibrary,
-            "cupy": CupyLibrary,
-            "numba": NumbaLibrary,
-        }[key]()
+        library = _LIBRARIES[name] = _ADAPTERS[name]()
+    _LIBRARY_OF_TYPE[type(x)] = library
     return library

@@ -410,6 +410,27 @@ def _check_unpermute_metadata(
     )
 
 
+def permute_outputs(plan, empty):
+    """Allocate the outputs of ``moe_permute`` with ``empty(shape, dtype)``."""
+    rows = plan.num_rows if plan.do_gather else 0
+    hidden = empty((rows, plan.hidden), plan.hidden_dtype)
+    rowmap = empty((plan.num_tokens, plan.num_experts), np.int32)
+    probs = empty((plan.num_rows,), np.float32)
+    if plan.scale_dtype is not None and plan.do_gather:
+        scale = empty((plan.num_rows, plan.scale_width), plan.scale_dtype)
+    else:
+        scale = empty((0,), np.float32)
+    indices = empty((plan.num_rows,), np.int32) if plan.return_expert_indices else None
+    return hidden, rowmap, probs, scale, indices
+
+
+def unpermute_outputs(plan, empty):
+    """Allocate the outputs of ``moe_unpermute`` with ``empty(shape, dtype)``."""
+    hidden = empty((plan.num_tokens, plan.hidden), plan.dtype)
+    probs = empty((plan.num_tokens, plan.topk), np.float32)
+    return hidden, probs
+
+
 def _token_slot(flat, width):
     return divmod(int(flat), width)
 

@@ -9,8 +9,10 @@ import numpy as np
 
 from . import _abi
 from ._arrays import array_library
+from ._contract import permute_outputs, unpermute_outputs
 
 _BACKEND = None
+_CAPACITY_CACHE_SIZE = 64
 
 
 class GPUUnavailableError(RuntimeError):
@@ -67,19 +69,30 @@ class _GPUBackend:
 
         self._permute = permute.permute
         self._unpermute = unpermute.unpermute
+        self._capacities = {}
+
+    def _capacities_on_device(self, call, capacities):
+        """``tokens_per_expert`` on the arrays' device, uploaded once per distinct value.
+
+        The kernels only read it, so a copy can serve every later call with the same values
+        (fixed capacities are common in serving); a training step with new counts uploads.
+        """
+        key = (call.library.name, call.library.device(call.like), capacities.tobytes())
+        uploaded = self._capacities.get(key)
+        if uploaded is None:
+            if len(self._capacities) >= _CAPACITY_CACHE_SIZE:
+                self._capacities.clear()
+            uploaded = self._capacities[key] = call.library.upload(capacities, call.like)
+        return uploaded
 
     def permute(self, plan, hidden_states, scale, routemap, probs, validate):
-        from ._api import _permute_outputs
-
         call = _Call(hidden_states)
-        hidden, rowmap, row_probs, row_scale, indices = _permute_outputs(plan, call.empty)
+        hidden, rowmap, row_probs, row_scale, indices = permute_outputs(plan, call.empty)
         status = call.empty((_abi.PERMUTE_STATUS_LEN,), np.int64)
         gather_scale = plan.do_gather and scale is not None
         capacity = None
         if plan.capacities is not None:
-            capacity_array = call.library.upload(plan.capacities, hidden_states)
-            call.scratch.append(capacity_array)
-            capacity = call.buffer(capacity_array)
+            capacity = call.buffer(self._capacities_on_device(call, plan.capacities))
         hidden_itemsize = plan.hidden_dtype.itemsize
         self._permute(
             call.buffer(hidden_states) if plan.do_gather else None,
@@ -110,10 +123,8 @@ class _GPUBackend:
         return outputs, (call.library.to_host(status) if validate else None)
 
     def unpermute(self, plan, rows, rowmap, routemap, probs, validate):
-        from ._api import _unpermute_outputs
-
         call = _Call(rows)
-        hidden, slot_probs = _unpermute_outputs(plan, call.empty)
+        hidden, slot_probs = unpermute_outputs(plan, call.empty)
         status = call.empty((_abi.UNPERMUTE_STATUS_LEN,), np.int64)
         self._unpermute(
             call.buffer(rows),
