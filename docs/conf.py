@@ -49,5 +49,5 @@ html_theme_options = {
     "sidebar_width": "230px",
     "show_relbars": True,
 }
-html_static_path = []
+html_static_path = ["_static"]
 html_show_sourcelink = False
