@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import moe_cpu
+from _cases import counts_of
 from moe_cpu import _unpermute
 from moe_numba import _abi, _oracle
 
@@ -49,14 +50,6 @@ def bits(a):
 
 
 # ---------------------------------------------------------------------------------- permute
-
-
-def counts_of(routemap, num_experts):
-    counts = np.zeros(num_experts, np.int64)
-    for row in routemap:
-        for e in _oracle.routed_experts(row, num_experts)[0]:
-            counts[e] += 1
-    return counts
 
 
 def cpu_permute(

@@ -3,8 +3,8 @@
 import ml_dtypes
 import numpy as np
 import pytest
-from _cases import assert_same_bits, counts_of
 
+from _cases import assert_same_bits, counts_of
 from moe_numba import _oracle, moe_permute, moe_unpermute
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -21,8 +21,9 @@ def test_buffer_past_two_to_the_31_elements(backend):
     x = rng.integers(0, 2**16, (tokens, hidden), dtype=np.uint16).view(ml_dtypes.bfloat16)
     counts = counts_of(routemap, experts).tolist()
     d = backend.to_device
-    rows, rowmap, row_probs, _ = moe_permute(d(x), None, d(routemap), d(probs), experts, counts,
-                                             128)
+    rows, rowmap, row_probs, _ = moe_permute(
+        d(x), None, d(routemap), d(probs), experts, counts, 128
+    )
     assert rows.shape[0] * hidden > 2**31
     (want_rows, want_rowmap, want_probs, _), _ = _oracle.permute(
         x, None, routemap, probs, experts, counts, 128
@@ -33,9 +34,17 @@ def test_buffer_past_two_to_the_31_elements(backend):
     assert_same_bits(backend.to_host(row_probs), want_probs, "token_prob_unzipped")
 
     # the combine of the last tokens reads rows past 2**31 elements
-    combined, _ = moe_unpermute(rows, rowmap, d(routemap), row_probs, tokens, experts,
-                                using_weighted_combine=True)
+    combined, _ = moe_unpermute(
+        rows, rowmap, d(routemap), row_probs, tokens, experts, using_weighted_combine=True
+    )
     last = slice(tokens - 64, tokens)
-    (want, _), _ = _oracle.unpermute(host_rows, want_rowmap[last], routemap[last], want_probs,
-                                     64, experts, using_weighted_combine=True)
+    (want, _), _ = _oracle.unpermute(
+        host_rows,
+        want_rowmap[last],
+        routemap[last],
+        want_probs,
+        64,
+        experts,
+        using_weighted_combine=True,
+    )
     assert_same_bits(backend.to_host(combined)[last], want, "hidden_states")

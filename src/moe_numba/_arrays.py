@@ -18,6 +18,13 @@ from .kernels._buffer import DeviceBuffer
 
 _KDL_CUDA_DEVICES = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
 
+# ml_dtypes types that numba and torch's NumPy bridge cannot handle: they travel as these bits
+ML_DTYPE_BITS = {
+    np.dtype(ml_dtypes.bfloat16): np.dtype(np.uint16),
+    np.dtype(ml_dtypes.float8_e4m3fn): np.dtype(np.uint8),
+    np.dtype(ml_dtypes.float8_e5m2): np.dtype(np.uint8),
+}
+
 
 def _module_root(x):
     return type(x).__module__.partition(".")[0]
@@ -135,7 +142,7 @@ class NumpyLibrary:
 
     @staticmethod
     def shape(x):
-        return x.shape
+        return tuple(x.shape)
 
     @staticmethod
     def dtype(x):
@@ -146,8 +153,8 @@ class NumpyLibrary:
         return x.flags.c_contiguous
 
     @staticmethod
-    def empty(shape, dtype, like=None):
-        return np.empty(shape, dtype)
+    def to_host(x):
+        return x
 
     @staticmethod
     def device(x):
@@ -211,8 +218,11 @@ class TorchLibrary:
             host = host.pin_memory()  # so the copy is asynchronous: no host-device sync
         return host.to(like.device, non_blocking=True)
 
-    @staticmethod
-    def to_host(x):
+    def to_host(self, x):
+        dtype = self.dtype(x)
+        if dtype in ML_DTYPE_BITS:  # torch's .numpy() knows no bfloat16 or float8
+            bits = self.torch.int16 if dtype.itemsize == 2 else self.torch.uint8
+            return x.view(bits).cpu().numpy().view(dtype)
         return x.cpu().numpy()
 
     def stream(self, like):
@@ -226,8 +236,8 @@ class TorchLibrary:
         return ("cuda", x.device.index)
 
 
-class CupyLibrary:
-    """CuPy arrays: CuPy's memory pool, CuPy's current stream."""
+class CupyLibrary(NumpyLibrary):
+    """CuPy arrays (NumPy's metadata API): CuPy's memory pool, CuPy's current stream."""
 
     name = "cupy"
 
@@ -235,18 +245,6 @@ class CupyLibrary:
         import cupy
 
         self.cupy = cupy
-
-    @staticmethod
-    def shape(x):
-        return tuple(x.shape)
-
-    @staticmethod
-    def dtype(x):
-        return x.dtype
-
-    @staticmethod
-    def is_contiguous(x):
-        return x.flags.c_contiguous
 
     @staticmethod
     def buffer(x):
@@ -306,27 +304,19 @@ class NumbaLibrary:
 
     def empty(self, shape, dtype, like):
         dtype = np.dtype(dtype)
-        if (
-            dtype.itemsize in (1, 2)
-            and dtype.kind == "V"
-            or dtype.name
-            in (
-                "bfloat16",
-                "float8_e4m3fn",
-                "float8_e5m2",
-            )
-        ):
-            bits = np.uint8 if dtype.itemsize == 1 else np.uint16
-            return self.cuda.device_array(shape, bits, stream=self._stream_of(like)).view(dtype)
-        return self.cuda.device_array(shape, dtype, stream=self._stream_of(like))
+        stream = self._stream_of(like)
+        bits = ML_DTYPE_BITS.get(dtype)
+        if bits is not None:  # numba cannot allocate ml_dtypes types, but can view them
+            return self.cuda.device_array(shape, bits, stream=stream).view(dtype)
+        return self.cuda.device_array(shape, dtype, stream=stream)
 
     def upload(self, values, like):
         return self.cuda.to_device(values, stream=self._stream_of(like))
 
     def to_host(self, x):
         dtype = np.dtype(x.dtype)
-        if dtype.itemsize in (1, 2) and dtype.kind not in "iuf":
-            bits = np.uint8 if dtype.itemsize == 1 else np.uint16
+        bits = ML_DTYPE_BITS.get(dtype)
+        if bits is not None:
             return x.view(bits).copy_to_host().view(dtype)
         return x.copy_to_host()
 

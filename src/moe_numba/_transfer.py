@@ -8,15 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 
-import ml_dtypes
 import numpy as np
 
-_ML_DTYPES = {
-    np.dtype(ml_dtypes.bfloat16),
-    np.dtype(ml_dtypes.float8_e4m3fn),
-    np.dtype(ml_dtypes.float8_e5m2),
-}
-_BITS = {1: np.uint8, 2: np.uint16}
+from ._arrays import ML_DTYPE_BITS, array_library
+
 GPU_LIBRARIES = ("torch", "cupy", "numba")
 
 
@@ -30,7 +25,7 @@ def to_device(x, library):
     if library == "torch":
         import torch
 
-        if x.dtype in _ML_DTYPES:
+        if x.dtype in ML_DTYPE_BITS:
             bits = torch.from_numpy(x.view(np.int16 if x.itemsize == 2 else np.uint8))
             return bits.view(getattr(torch, x.dtype.name)).cuda()
         return torch.from_numpy(x).cuda()
@@ -40,30 +35,14 @@ def to_device(x, library):
         return cupy.asarray(x)
     from numba import config, cuda
 
-    if x.dtype in _ML_DTYPES and not config.ENABLE_CUDASIM:
-        return cuda.to_device(x.view(_BITS[x.itemsize])).view(x.dtype)
+    if x.dtype in ML_DTYPE_BITS and not config.ENABLE_CUDASIM:
+        return cuda.to_device(x.view(ML_DTYPE_BITS[x.dtype])).view(x.dtype)
     return cuda.to_device(x)
 
 
 def to_host(x):
     """Copy a NumPy, torch, CuPy or numba array to a NumPy array of the same dtype."""
-    if isinstance(x, np.ndarray):
-        return x
-    module = type(x).__module__.partition(".")[0]
-    if module == "torch":
-        import torch
-
-        name = str(x.dtype).removeprefix("torch.")
-        if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-            bits = torch.int16 if x.element_size() == 2 else torch.uint8
-            return x.view(bits).cpu().numpy().view(getattr(ml_dtypes, name))
-        return x.cpu().numpy()
-    if module == "cupy":
-        return x.get()
-    dtype = np.dtype(x.dtype)
-    if dtype in _ML_DTYPES and hasattr(x, "view") and not hasattr(x, "_ary"):
-        return x.view(_BITS[dtype.itemsize]).copy_to_host().view(dtype)
-    return x.copy_to_host()
+    return array_library(x).to_host(x)
 
 
 def gpu_library():
