@@ -141,8 +141,8 @@ def fma_float32(x, y, z):
     exact error of TwoSum), and rounding that to float32 is correct because float64 has more
     than 24 + 2 bits.
     """
-    x, y, z = (np.asarray(a, dtype=np.float32).astype(np.float64) for a in (x, y, z))
-    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf and overflow are defined
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN, inf - inf, overflow: all defined
+        x, y, z = (np.asarray(a, dtype=np.float32).astype(np.float64) for a in (x, y, z))
         product = x * y
         total = product + z
         b = total - product
