@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
 import numpy as np
 
 from . import _abi
@@ -14,6 +17,10 @@ from ._contract import (
     raise_for_unpermute_status,
     unpermute_outputs,
 )
+
+Array: TypeAlias = Any
+"""A NumPy array, or a CUDA array: numba device array, CuPy array, PyTorch CUDA tensor or any
+object with ``__cuda_array_interface__``. Outputs are of the caller's kind."""
 
 
 def _shape_of(x):
@@ -36,21 +43,21 @@ def _load_gpu_backend():
 
 
 def moe_permute(
-    hidden_states,
-    scale,
-    expert_routemap_topk,
-    expert_prob_topk,
-    num_experts,
-    tokens_per_expert,
-    padding_alignment,
-    do_gather=True,
-    using_ue8m0_scale=False,
-    return_expert_indices=False,
-    override_buffer_size=-1,
-    name=None,
+    hidden_states: Array,
+    scale: Array | None,
+    expert_routemap_topk: Array,
+    expert_prob_topk: Array,
+    num_experts: int,
+    tokens_per_expert: Sequence[int] | None,
+    padding_alignment: int,
+    do_gather: bool = True,
+    using_ue8m0_scale: bool = False,
+    return_expert_indices: bool = False,
+    override_buffer_size: int = -1,
+    name: str | None = None,
     *,
-    validate=True,
-):
+    validate: bool = True,
+) -> tuple[Array, ...]:
     """Copy every (token, expert) pair into an expert-major, padded buffer ("unzip").
 
     Expert ``e`` owns rows ``offset_e .. offset_e + padded_e - 1`` of the output, where
@@ -196,18 +203,18 @@ def _permute_cpu(plan, hidden_states, scale, routemap, probs, validate):
 
 
 def moe_unpermute(
-    hidden_states_unzipped,
-    zipped_expertwise_rowmap,
-    expert_routemap_topk,
-    token_prob_unzipped,
-    total_zipped_tokens,
-    num_experts,
-    using_mix_precision=True,
-    using_weighted_combine=False,
-    name=None,
+    hidden_states_unzipped: Array,
+    zipped_expertwise_rowmap: Array,
+    expert_routemap_topk: Array,
+    token_prob_unzipped: Array,
+    total_zipped_tokens: int,
+    num_experts: int,
+    using_mix_precision: bool = True,
+    using_weighted_combine: bool = False,
+    name: str | None = None,
     *,
-    validate=True,
-):
+    validate: bool = True,
+) -> tuple[Array, Array]:
     """Sum each token's expert rows back into one row ("zip"); the inverse of moe_permute.
 
     For token t the rows ``zipped_expertwise_rowmap[t, e] >= 0`` are combined in ascending
