@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from moe_numba import moe_permute, moe_unpermute
+from moe_numba import GPUUnavailableError, moe_permute, moe_unpermute
 from moe_numba._arrays import is_cuda_array, locate
 from test_errors import permute_defaults, unpermute_defaults
 
@@ -75,7 +75,7 @@ def test_cuda_arrays_without_a_usable_gpu_explain_what_is_missing(monkeypatch):
     monkeypatch.setattr(_gpu, "_BACKEND", None)
     monkeypatch.setattr(config, "ENABLE_CUDASIM", 0)
     monkeypatch.setattr(cuda, "is_available", lambda: False)
-    with pytest.raises(_gpu.GPUUnavailableError, match=r"finds no usable GPU/driver.*nvidia-smi"):
+    with pytest.raises(GPUUnavailableError, match=r"finds no usable GPU/driver.*nvidia-smi"):
         _gpu.gpu_backend()
 
 
@@ -84,5 +84,24 @@ def test_cuda_arrays_without_numba_cuda_name_the_extra(monkeypatch):
 
     monkeypatch.setattr(_gpu, "_BACKEND", None)
     monkeypatch.setitem(sys.modules, "numba", None)
-    with pytest.raises(_gpu.GPUUnavailableError, match=r"pip install 'moe-numba\[gpu\]'"):
+    with pytest.raises(GPUUnavailableError, match=r"pip install 'moe-numba\[gpu\]'"):
         _gpu.gpu_backend()
+
+
+def test_missing_cuda_compiler_libraries_name_the_extra():
+    from moe_numba.kernels._launch import RawKernel
+
+    class NvvmSupportError(Exception):
+        pass
+
+    class Dispatcher:
+        def compile(self, signature):
+            raise NvvmSupportError("libNVVM cannot be found")
+
+    kernel = RawKernel(Dispatcher(), signature=None, name="gather")
+    with pytest.raises(
+        GPUUnavailableError,
+        match=r"cannot compile the GPU kernel gather: "
+        r"libNVVM cannot be found; install the GPU extra.*moe-numba\[gpu\]",
+    ):
+        kernel.cu_kernel(0)

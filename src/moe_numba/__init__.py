@@ -10,6 +10,7 @@ Importing this package does not import numba, torch or CuPy.
 """
 
 from ._api import moe_permute, moe_unpermute
+from ._errors import GPUUnavailableError
 
-__all__ = ["moe_permute", "moe_unpermute", "__version__"]
+__all__ = ["GPUUnavailableError", "moe_permute", "moe_unpermute", "__version__"]
 __version__ = "0.1.0"

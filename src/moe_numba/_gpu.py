@@ -10,13 +10,10 @@ import numpy as np
 from . import _abi
 from ._arrays import array_library
 from ._contract import permute_outputs, unpermute_outputs
+from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError
 
 _BACKEND = None
 _CAPACITY_CACHE_SIZE = 64
-
-
-class GPUUnavailableError(RuntimeError):
-    """CUDA arrays were passed but the GPU backend cannot run here."""
 
 
 def gpu_backend():
@@ -27,15 +24,15 @@ def gpu_backend():
             from numba import config, cuda
         except ImportError as error:
             raise GPUUnavailableError(
-                "CUDA arrays were passed but numba.cuda cannot be imported "
-                f"({error}); install the GPU extra: pip install 'moe-numba[gpu]'"
+                f"CUDA arrays were passed but numba.cuda cannot be imported ({error}); "
+                + INSTALL_GPU_EXTRA
             ) from error
         if not config.ENABLE_CUDASIM and not cuda.is_available():
             raise GPUUnavailableError(
                 "CUDA arrays were passed but numba.cuda finds no usable GPU/driver. Check "
                 "`nvidia-smi` and that the NVIDIA driver library (libcuda) is on the library "
-                "path; numba.cuda.detect() prints what numba sees. For the CUDA toolkit pieces "
-                "(NVVM, NVRTC) install: pip install 'moe-numba[gpu]'"
+                "path; numba.cuda.detect() prints what numba sees. Then, if kernels fail to "
+                "compile, " + INSTALL_GPU_EXTRA
             )
         _BACKEND = _GPUBackend()
     return _BACKEND

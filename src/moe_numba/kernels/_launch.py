@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from numba import config, cuda
 
+from .._errors import INSTALL_GPU_EXTRA, MISSING_TOOLKIT_ERRORS, GPUUnavailableError
+
 SIM = bool(config.ENABLE_CUDASIM)
 
 if not SIM:
@@ -59,7 +61,14 @@ class RawKernel:
         """The ``cuda.core`` kernel for ``device_id`` (compiled and loaded on first use)."""
         kernel = self._by_device.get(device_id)
         if kernel is None:
-            compiled = self.dispatcher.compile(self.signature)
+            try:
+                compiled = self.dispatcher.compile(self.signature)
+            except Exception as error:
+                if type(error).__name__ not in MISSING_TOOLKIT_ERRORS:
+                    raise
+                raise GPUUnavailableError(
+                    f"cannot compile the GPU kernel {self.name}: {error}; " + INSTALL_GPU_EXTRA
+                ) from error
             kernel = compiled.library.get_cufunc().kernel
             expected = len(self.signature.args)
             if kernel.num_arguments != expected:  # cuda.core does not check argument counts

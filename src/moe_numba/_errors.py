@@ -1,0 +1,16 @@
+"""Errors of moe-numba beyond the TypeError/ValueError of bad arguments."""
+
+
+class GPUUnavailableError(RuntimeError):
+    """CUDA arrays were passed but the GPU backend cannot run here; the message says why
+    and what to install."""
+
+
+INSTALL_GPU_EXTRA = (
+    "install the GPU extra, which brings the CUDA compiler libraries numba needs (NVVM, "
+    "NVRTC, nvJitLink): pip install 'moe-numba[gpu]'"
+)
+
+# numba-cuda's exception types for missing CUDA compiler libraries, by name (they live in
+# modules that differ between numba-cuda versions)
+MISSING_TOOLKIT_ERRORS = ("DynamicLibNotFoundError", "NvvmSupportError", "NvrtcSupportError")
