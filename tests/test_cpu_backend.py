@@ -13,18 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import moe_cpu
-from _cases import counts_of
+from _cases import HIDDEN_DTYPES, counts_of
 from moe_cpu import _unpermute
 from moe_numba import _abi, _oracle
 
 GARBAGE = 0xA5
-HIDDEN_DTYPES = [
-    ml_dtypes.bfloat16,
-    np.float16,
-    np.float32,
-    ml_dtypes.float8_e4m3fn,
-    ml_dtypes.float8_e5m2,
-]
 DATA_TYPES = {
     np.dtype(np.float32): (_abi.DATA_FLOAT32, np.float32),
     np.dtype(ml_dtypes.bfloat16): (_abi.DATA_BFLOAT16, np.uint16),
