@@ -33,7 +33,7 @@ if config.ENABLE_CUDASIM:
 def small_geometry(monkeypatch):
     """Tiny blocks: a chunk is at most 32 tokens and 128 routing ids, a count block sees 4
     experts, a token block 4 destinations, a padding block 8 rows, a token's list 256 rows
-    (4 in one test)."""
+    (4 in one test), the unpermute's check runs 3 blocks of 16 threads (grid-stride)."""
     for name, value in dict(
         CT=32,
         ETILE=4,
@@ -48,7 +48,7 @@ def small_geometry(monkeypatch):
         NC_TARGET=2,
     ).items():
         monkeypatch.setattr(PM, name, value)
-    for name, value in dict(COMBINE_BD=16, MIN_BD=8).items():
+    for name, value in dict(COMBINE_BD=16, MIN_BD=8, CHECK_BD=16, CHECK_BLOCKS=3).items():
         monkeypatch.setattr(UP, name, value)
     from numba.cuda.simulator import kernelapi
 
@@ -95,7 +95,8 @@ def counts_of(rm, E):
 def run_permute(
     hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=True, override=-1, poison=0x5A
 ):
-    """Run the kernels and the oracle; assert every output and status word is identical."""
+    """Run the kernels (validate on and off) and the oracle; assert every output and status
+    word is identical. Returns the status words."""
     T, K = rm.shape
     (expected, status_expected) = _oracle.permute(
         hidden, scale, rm, probs, E, tpe, A, do_gather, indices, override
@@ -103,52 +104,51 @@ def run_permute(
     R = expected[2].shape[0]
     H = hidden.shape[1]
     bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[hidden.dtype.itemsize]
-    out_hidden = np.full((R, H), poison, bits) if do_gather else None
-    out_scale = (
-        np.full((R, scale.shape[1]), poison, np.uint32)
-        if (do_gather and scale is not None)
-        else None
-    )
-    out_rowmap = np.full((T, E), 0x5A5A, np.int32)
-    out_probs = np.full(R, 0x5A5A5A5A, np.uint32)
-    out_indices = np.full(R, 0x5A5A, np.int32) if indices else None
-    status = np.full(_abi.PERMUTE_STATUS_LEN, 0x5A, np.int64)
-    alloc = Alloc()
     gather_scale = do_gather and scale is not None
-    PM.permute(
-        buf(hidden.view(bits)) if do_gather else None,
-        buf(scale.view(np.uint32)) if gather_scale else None,
-        buf(rm),
-        buf(probs),
-        None if override >= 0 else buf(np.asarray(tpe, np.int64)),
-        num_tokens=T,
-        topk=K,
-        num_experts=E,
-        alignment=A,
-        num_rows=R,
-        hidden_row_bytes=H * hidden.dtype.itemsize,
-        scale_row_bytes=scale.shape[1] * 4 if gather_scale else 0,
-        routemap_itemsize=rm.dtype.itemsize,
-        out_hidden=None if out_hidden is None else buf(out_hidden),
-        out_scale=None if out_scale is None else buf(out_scale),
-        out_rowmap=buf(out_rowmap),
-        out_probs=buf(out_probs),
-        out_indices=None if out_indices is None else buf(out_indices),
-        status=buf(status),
-        alloc=alloc,
-        stream=0,
-    )
-    assert alloc.calls == 1
-    np.testing.assert_array_equal(status, status_expected)
-    np.testing.assert_array_equal(out_rowmap, expected[1])
-    np.testing.assert_array_equal(out_probs, expected[2].view(np.uint32))
-    if do_gather:
-        np.testing.assert_array_equal(out_hidden, expected[0].view(bits))
-    if gather_scale:
-        np.testing.assert_array_equal(out_scale, expected[3].view(np.uint32))
-    if indices:
-        np.testing.assert_array_equal(out_indices, expected[4])
-    return status
+    for validate in (True, False):
+        out_hidden = np.full((R, H), poison, bits) if do_gather else None
+        out_scale = np.full((R, scale.shape[1]), poison, np.uint32) if gather_scale else None
+        out_rowmap = np.full((T, E), 0x5A5A, np.int32)
+        out_probs = np.full(R, 0x5A5A5A5A, np.uint32)
+        out_indices = np.full(R, 0x5A5A, np.int32) if indices else None
+        alloc = Alloc()
+        status = PM.permute(
+            buf(hidden.view(bits)) if do_gather else None,
+            buf(scale.view(np.uint32)) if gather_scale else None,
+            buf(rm),
+            buf(probs),
+            None if override >= 0 else buf(np.asarray(tpe, np.int64)),
+            num_tokens=T,
+            topk=K,
+            num_experts=E,
+            alignment=A,
+            num_rows=R,
+            hidden_row_bytes=H * hidden.dtype.itemsize,
+            scale_row_bytes=scale.shape[1] * 4 if gather_scale else 0,
+            routemap_itemsize=rm.dtype.itemsize,
+            out_hidden=None if out_hidden is None else buf(out_hidden),
+            out_scale=None if out_scale is None else buf(out_scale),
+            out_rowmap=buf(out_rowmap),
+            out_probs=buf(out_probs),
+            out_indices=None if out_indices is None else buf(out_indices),
+            validate=validate,
+            alloc=alloc,
+            stream=0,
+        )
+        assert alloc.calls == 1
+        if validate:
+            np.testing.assert_array_equal(status.read(), status_expected)
+        else:
+            assert status is None
+        np.testing.assert_array_equal(out_rowmap, expected[1])
+        np.testing.assert_array_equal(out_probs, expected[2].view(np.uint32))
+        if do_gather:
+            np.testing.assert_array_equal(out_hidden, expected[0].view(bits))
+        if gather_scale:
+            np.testing.assert_array_equal(out_scale, expected[3].view(np.uint32))
+        if indices:
+            np.testing.assert_array_equal(out_indices, expected[4])
+    return status_expected
 
 
 # ---------------------------------------------------------------------------------------
@@ -267,6 +267,8 @@ def test_permute_empty_routing_and_zero_tokens():
 
 
 def run_unpermute(rows, rowmap, rm, probs, E, weighted, mix):
+    """Run the kernels (validate on and off) and the oracle; assert every output and status
+    word is identical. Returns the status words."""
     T, K = rm.shape
     R, H = rows.shape
     (expected, expected_probs), status_expected = _oracle.unpermute(
@@ -278,35 +280,38 @@ def run_unpermute(rows, rowmap, rm, probs, E, weighted, mix):
         np.dtype(np.float16): _abi.DATA_FLOAT16,
     }[rows.dtype]
     bits = np.uint32 if code == _abi.DATA_FLOAT32 else np.uint16
-    out = np.full((T, H), 0x5A5A, bits)
-    out_probs = np.full((T, K), 0x5A5A5A5A, np.uint32)
-    status = np.full(_abi.UNPERMUTE_STATUS_LEN, 0x5A, np.int64)
-    alloc = Alloc()
-    UP.unpermute(
-        buf(rows.view(bits)),
-        buf(rowmap),
-        buf(rm),
-        buf(probs),
-        num_tokens=T,
-        num_rows=R,
-        hidden=H,
-        num_experts=E,
-        topk=K,
-        data_type=code,
-        routemap_itemsize=rm.dtype.itemsize,
-        weighted=weighted,
-        mix_precision=mix,
-        out_hidden=buf(out),
-        out_probs=buf(out_probs.view(np.float32)),
-        status=buf(status),
-        alloc=alloc,
-        stream=0,
-    )
-    assert alloc.calls == 0  # no scratch: the status words double as it
-    np.testing.assert_array_equal(status, status_expected)
-    np.testing.assert_array_equal(out_probs, expected_probs.view(np.uint32))
-    np.testing.assert_array_equal(out, expected.view(bits))
-    return status
+    for validate in (True, False):
+        out = np.full((T, H), 0x5A5A, bits)
+        out_probs = np.full((T, K), 0x5A5A5A5A, np.uint32)
+        alloc = Alloc()
+        status = UP.unpermute(
+            buf(rows.view(bits)),
+            buf(rowmap),
+            buf(rm),
+            buf(probs),
+            num_tokens=T,
+            num_rows=R,
+            hidden=H,
+            num_experts=E,
+            topk=K,
+            data_type=code,
+            routemap_itemsize=rm.dtype.itemsize,
+            weighted=weighted,
+            mix_precision=mix,
+            out_hidden=buf(out),
+            out_probs=buf(out_probs.view(np.float32)),
+            validate=validate,
+            alloc=alloc,
+            stream=0,
+        )
+        if validate:
+            assert alloc.calls == 1  # check's minima and ticket
+            np.testing.assert_array_equal(status.read(), status_expected)
+        else:
+            assert alloc.calls == 0 and status is None
+        np.testing.assert_array_equal(out_probs, expected_probs.view(np.uint32))
+        np.testing.assert_array_equal(out, expected.view(bits))
+    return status_expected
 
 
 def unzipped(rng, T, K, E, R, dtype, H, scale=1.0):

@@ -93,7 +93,8 @@ def test_kernel_compiles(name, fn, sig):
 def test_every_launch_variant_is_listed():
     names = {k[0] for k in _ALL}
     assert len(names) == len(_ALL)
+    assert "init" in names
     for ri in (32, 64):
-        assert {f"count_i{ri}", f"scan_i{ri}", f"init_i{ri}"} <= names
+        assert {f"count_i{ri}", f"scan_i{ri}", f"check_i{ri}"} <= names
         assert sum(n.startswith("gather") and n.endswith(f"_i{ri}") for n in names) == 15
         assert sum(n.startswith("combine") and n.endswith(f"_i{ri}") for n in names) == 44

@@ -41,6 +41,7 @@ INT32 = frozenset((np.dtype(np.int32),))
 # loop repeats the same metadata, so its checks run once. Bounded; cleared when full.
 _PLAN_CACHE_SIZE = 256
 _permute_plans = {}
+_capacity_plans = {}  # (metadata plan, tokens_per_expert) -> plan with capacities, rows
 _unpermute_plans = {}
 
 
@@ -205,6 +206,24 @@ def plan_permute(
     )
     if plan.num_rows >= 0:  # override_buffer_size
         return plan
+    return _cached(
+        _capacity_plans,
+        _capacities_key(plan, tokens_per_expert),
+        lambda: _with_capacities(plan, tokens_per_expert),
+    )
+
+
+def _capacities_key(plan, tokens_per_expert):
+    """A key for ``plan`` with these capacities (values and their types: ``[2.0]`` must still
+    fail as ``[2]`` passes), or None for a type not worth keying."""
+    if type(tokens_per_expert) in (list, tuple):
+        return plan, tuple(tokens_per_expert), tuple(map(type, tokens_per_expert))
+    if type(tokens_per_expert) is np.ndarray:
+        return plan, tokens_per_expert.dtype, tokens_per_expert.shape, tokens_per_expert.tobytes()
+    return None
+
+
+def _with_capacities(plan, tokens_per_expert):
     capacities = capacities_from(tokens_per_expert, plan.num_experts)
     num_rows = int((-(-capacities // plan.alignment) * plan.alignment).sum())
     return plan._replace(capacities=capacities, num_rows=num_rows)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _abi
 from ._arrays import array_library
 from ._contract import permute_outputs, unpermute_outputs
 from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError
@@ -85,13 +84,12 @@ class _GPUBackend:
     def permute(self, plan, hidden_states, scale, routemap, probs, validate):
         call = _Call(hidden_states)
         hidden, rowmap, row_probs, row_scale, indices = permute_outputs(plan, call.empty)
-        status = call.empty((_abi.PERMUTE_STATUS_LEN,), np.int64)
         gather_scale = plan.do_gather and scale is not None
         capacity = None
         if plan.capacities is not None:
             capacity = call.buffer(self._capacities_on_device(call, plan.capacities))
         hidden_itemsize = plan.hidden_dtype.itemsize
-        self._permute(
+        status = self._permute(
             call.buffer(hidden_states) if plan.do_gather else None,
             call.buffer(scale) if gather_scale else None,
             call.buffer(routemap),
@@ -110,20 +108,19 @@ class _GPUBackend:
             out_rowmap=call.buffer(rowmap),
             out_probs=call.buffer(row_probs),
             out_indices=call.buffer(indices),
-            status=call.buffer(status),
+            validate=validate,
             alloc=call.alloc,
             stream=call.library.stream(hidden_states),
         )
         outputs = (hidden, rowmap, row_probs, row_scale)
         if indices is not None:
             outputs += (indices,)
-        return outputs, (call.library.to_host(status) if validate else None)
+        return outputs, (status.read() if validate else None)
 
     def unpermute(self, plan, rows, rowmap, routemap, probs, validate):
         call = _Call(rows)
         hidden, slot_probs = unpermute_outputs(plan, call.empty)
-        status = call.empty((_abi.UNPERMUTE_STATUS_LEN,), np.int64)
-        self._unpermute(
+        status = self._unpermute(
             call.buffer(rows),
             call.buffer(rowmap),
             call.buffer(routemap),
@@ -139,8 +136,8 @@ class _GPUBackend:
             mix_precision=plan.mix_precision,
             out_hidden=call.buffer(hidden),
             out_probs=call.buffer(slot_probs),
-            status=call.buffer(status),
+            validate=validate,
             alloc=call.alloc,
             stream=call.library.stream(rows),
         )
-        return (hidden, slot_probs), (call.library.to_host(status) if validate else None)
+        return (hidden, slot_probs), (status.read() if validate else None)

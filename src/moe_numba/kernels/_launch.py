@@ -101,17 +101,18 @@ class Launcher:
     ``stream`` is a ``CUstream`` handle as an int (0: the legacy default stream).
     """
 
-    __slots__ = ("device", "stream")
+    __slots__ = ("device", "handle", "stream")
 
     def __init__(self, stream):
         if SIM:
-            self.device = self.stream = None
+            self.device = self.handle = self.stream = None
             return
         self.device = _current_device()
-        key = (self.device, int(stream))
+        self.handle = int(stream)
+        key = (self.device, self.handle)
         s = _STREAMS.get(key)
         if s is None:
-            s = _STREAMS[key] = Stream.from_handle(int(stream))
+            s = _STREAMS[key] = Stream.from_handle(self.handle)
         self.stream = s
 
     def __call__(self, kernel, grid, block, args, shmem=0):

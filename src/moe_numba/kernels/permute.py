@@ -49,6 +49,7 @@ from ._primitives import (
     device,
     load_cg,
 )
+from ._status import StatusWords
 
 # Launch geometry. Module globals are compile-time constants on a GPU (the simulator reads
 # them at run time, so tests can shrink them).
@@ -620,13 +621,15 @@ def permute(
     out_rowmap,
     out_probs,
     out_indices,
-    status,
+    validate,
     alloc,
     stream,
 ):
     """Run moe_permute's kernels on ``stream``; see the module docstring and SPEC.md.
 
-    Every output element and every status word is written. Nothing is synchronised.
+    Every output element is written. Nothing is synchronised. Returns the call's
+    :class:`StatusWords` with ``validate=True`` (final once the scan has run), else None
+    (the words then go to scratch).
     """
     T, K, E, R = int(num_tokens), int(topk), int(num_experts), int(num_rows)
     ri = int(routemap_itemsize)
@@ -654,7 +657,8 @@ def permute(
     o_lim = o_off + 8 * (E + 1)
     o_ctot = o_lim + 8 * E
     o_part = o_ctot + 8 * E
-    o_counts = o_part + 8 * 2 * max(nc, 1)
+    o_status = o_part + 8 * 2 * max(nc, 1)
+    o_counts = o_status + 8 * _abi.PERMUTE_STATUS_LEN
     o_rank = o_counts + 4 * max(nc * E, 1)
     total = o_rank + 4 * max(T * K, 1)
     scratch = alloc(total)
@@ -669,6 +673,12 @@ def permute(
     rm = routemap.kernel_arg(rt_dtype)
     rowmap = out_rowmap.kernel_arg(np.int32)
     launch = Launcher(stream)
+    if validate:
+        status = StatusWords(launch, _abi.PERMUTE_STATUS_LEN)
+        status_arg = status.arg
+    else:
+        status = None
+        status_arg = _sub(scratch, o_status, 8 * _abi.PERMUTE_STATUS_LEN).kernel_arg(np.int64)
 
     if T > 0:
         launch(
@@ -691,7 +701,7 @@ def permute(
             ctot,
             part,
             rm,
-            status.kernel_arg(np.int64),
+            status_arg,
             done,
             nc,
             E,
@@ -703,6 +713,9 @@ def permute(
             ex_dim,
         ),
     )
+
+    if status is not None:
+        status.written()
 
     blocks = T + -(-R // PAD_ROWS)
     if blocks > 0:
@@ -735,3 +748,4 @@ def permute(
                 ct,
             ),
         )
+    return status

@@ -1,13 +1,16 @@
-"""moe_unpermute on the GPU: init -> combine.
+"""moe_unpermute on the GPU: [init -> check ->] combine.
 
-``init``     one thread: turns the status words into the two running minima and a ticket
-             counter (with no tokens, it writes the final status words itself).
+``init``     (``validate=True`` only) one thread: check's two running minima and its
+             ticket counter, in a small scratch buffer.
+``check``    (``validate=True`` only) grid-stride over the rowmap and the routing map: each
+             block finds its smallest rowmap entry outside [-1, R) and routing slot outside
+             [-1, E), folds them into the minima (atomic min) and takes a ticket; the block
+             that takes the last ticket writes the status words. The host waits for this
+             kernel only (:mod:`._status`), not for the combine.
 ``combine``  one block per token. The block reads the token's rowmap row (each thread a
              contiguous group of experts) and places its valid rows (``0 <= rowmap[t, e] <
              R``) in ascending expert order into a shared list (one block scan of the group
-             counts), writes the token's ``expert_prob_topk`` row, folds its smallest bad
-             rowmap entry / bad routing slot into the global minima (atomic min) and takes a
-             ticket; the token that takes the last ticket writes the status words. Then it
+             counts), and writes the token's ``expert_prob_topk`` row. Then it
              combines column words: each thread owns whole words (16 bytes when the row
              allows: 8 bf16/fp16 or 4 float32 lanes), loads them from four rows at a time
              (with their probabilities) and folds them into float32 accumulators in list
@@ -15,6 +18,7 @@
              path), then rounds once (or after every step when ``mix_precision`` is off) to
              the data type, NaN made canonical. A token with more valid rows than the list
              holds (only with malformed rowmaps and E > LMAX) walks its rowmap row directly.
+             Invalid entries count as -1, so the combine needs no validation.
 
 Kernels are built per (word width, data type, weighted, mix_precision) and compiled per
 signature on first use.
@@ -39,10 +43,16 @@ from ._primitives import (
     block_min_i64,
     device,
 )
+from ._status import StatusWords
 
 COMBINE_BD = 128  # most threads of a combine block (measured: 128 > 256 > 512 on an H200)
 MIN_BD = 32  # fewest threads of a combine block (a warp)
 LMAX = 256  # rows a token's shared list holds
+CHECK_BD = 256  # threads of a check block
+CHECK_BLOCKS = 1024  # most check blocks (each thread then reads a few entries)
+
+# check's scratch words
+_BAD_ROW, _BAD_ID, _TICKET = 0, 1, 2
 
 P = types.CPointer
 _RT = {4: types.int32, 8: types.int64}
@@ -196,22 +206,21 @@ def _make_combine(width, data_type, weighted, mix):
                 u[i >> 1] = u[i >> 1] | (b << np.uint32(16))
         return join(u)
 
-    def combine(rows, rowmap, routemap, probs, out, out_probs, status, T, R, E, K, nw):
+    def combine(rows, rowmap, routemap, probs, out, out_probs, R, E, K, nw):
         lst_row = cuda.shared.array(LMAX, int32)
         tmp = cuda.shared.array(TMP_WORDS, int64)
         tid = int64(cuda.threadIdx.x)
         bd = int64(cuda.blockDim.x)
         t = int64(cuda.blockIdx.x)
 
-        # 1) the token's valid rows, ascending expert id; smallest bad rowmap entry. Thread
-        # tid owns experts [tid * G, tid * G + G): it counts its valid rows (four loads in
-        # flight), one block scan places them.
+        # 1) the token's valid rows, ascending expert id. Thread tid owns experts
+        # [tid * G, tid * G + G): it counts its valid rows (four loads in flight), one block
+        # scan places them.
         G = (E + bd - 1) // bd
         eb = min(E, tid * G)
         ee = min(E, eb + G)
         f0 = t * E
         cnt = int64(0)
-        bad_row = BIG
         e = eb
         while e < ee:
             r0 = int64(rowmap[f0 + e])
@@ -219,15 +228,6 @@ def _make_combine(width, data_type, weighted, mix):
             r2 = int64(rowmap[f0 + e + 2]) if e + 2 < ee else int64(-1)
             r3 = int64(rowmap[f0 + e + 3]) if e + 3 < ee else int64(-1)
             cnt += _valid(r0, R) + _valid(r1, R) + _valid(r2, R) + _valid(r3, R)
-            if bad_row == BIG:
-                if r0 < -1 or r0 >= R:
-                    bad_row = f0 + e
-                elif r1 < -1 or r1 >= R:
-                    bad_row = f0 + e + 1
-                elif r2 < -1 or r2 >= R:
-                    bad_row = f0 + e + 2
-                elif r3 < -1 or r3 >= R:
-                    bad_row = f0 + e + 3
             e += 4
         q, n = block_exclusive_scan_i64(cnt, tmp)
         e = eb
@@ -238,26 +238,19 @@ def _make_combine(width, data_type, weighted, mix):
                 q += 1
             e += 1
 
-        # 2) expert_prob_topk; smallest bad routing slot
-        bad_id = BIG
+        # 2) expert_prob_topk
         k = tid
         while k < K:
             g = t * K + k
             i = int64(routemap[g])
             p = float32(0)
-            if i < -1 or i >= E:
-                if g < bad_id:
-                    bad_id = g
-            elif i >= 0:
+            if i >= 0 and i < E:
                 r = int64(rowmap[f0 + i])
                 if r >= 0 and r < R:
                     p = probs[r]
             out_probs[g] = p
             k += bd
-        bad_row = block_min_i64(bad_row, tmp)  # (synchronises: the list is complete)
-        bad_id = block_min_i64(bad_id, tmp)
-        if tid == 0:  # status: global minima, then the last block's thread writes the words
-            _publish(status, rowmap, routemap, bad_row, bad_id, T)
+        cuda.syncthreads()  # the list is complete
 
         # 3) combine the rows, word by word
         acc = cuda.local.array(NL, float32)
@@ -330,44 +323,59 @@ def _write_status(status, rowmap, routemap, bad_row, bad_id):
 
 
 @device
-@device
-def _publish(status, rowmap, routemap, bad_row, bad_id, T):
-    """One thread per token: fold the token's minima into the status words of the indices
-    (atomic min), take a ticket (the counter lives in the bad-id value word until the end);
-    the token that takes the last ticket writes the final status words."""
-    if bad_row != BIG:
-        atomic_min(status, _abi.UNPERMUTE_BAD_ROW, bad_row)
-    if bad_id != BIG:
-        atomic_min(status, _abi.UNPERMUTE_BAD_ID, bad_id)
-    cuda.threadfence()
-    if atomic_add(status, _abi.UNPERMUTE_BAD_ID_VALUE, 1) == T - 1:
-        cuda.threadfence()
-        _write_status(
-            status,
-            rowmap,
-            routemap,
-            atomic_min(status, _abi.UNPERMUTE_BAD_ROW, BIG),
-            atomic_min(status, _abi.UNPERMUTE_BAD_ID, BIG),
-        )
+def _first_bad(values, n, low, high, start, stride):
+    """Smallest index ``i = start + j * stride < n`` with ``values[i]`` outside
+    ``[low, high)``, or BIG."""
+    i = start
+    while i < n:
+        v = int64(values[i])
+        if v < low or v >= high:
+            return i
+        i += stride
+    return BIG
 
 
-def _init_body(status, rowmap, routemap, T):
-    """Before combine: the status words become the two running minima and the ticket
-    counter (combine's last token writes the final words); with no tokens, the status."""
+def _init_body(minima):
+    """Before check: the two running minima (none yet) and check's ticket counter."""
     if cuda.threadIdx.x == 0:
-        if T == 0:
-            _write_status(status, rowmap, routemap, BIG, BIG)
-        else:
-            status[_abi.UNPERMUTE_BAD_ID] = BIG
-            status[_abi.UNPERMUTE_BAD_ID_VALUE] = 0
-            status[_abi.UNPERMUTE_BAD_ROW] = BIG
-            status[_abi.UNPERMUTE_BAD_ROW_VALUE] = -1
+        minima[_BAD_ROW] = BIG
+        minima[_BAD_ID] = BIG
+        minima[_TICKET] = 0
+
+
+def _check_body(rowmap, routemap, minima, status, T, R, E, K):
+    """Validation (``validate=True``), before combine: the smallest rowmap entry outside
+    [-1, R) and routing slot outside [-1, E), grid-stride; each block folds its minima into
+    ``minima`` (atomic min) and takes a ticket; the last block writes the status words."""
+    tmp = cuda.shared.array(TMP_WORDS, int64)
+    tid = int64(cuda.threadIdx.x)
+    nb = int64(cuda.gridDim.x)
+    start = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + tid
+    stride = nb * int64(cuda.blockDim.x)
+    bad_row = block_min_i64(_first_bad(rowmap, T * E, -1, R, start, stride), tmp)
+    bad_id = block_min_i64(_first_bad(routemap, T * K, -1, E, start, stride), tmp)
+    if tid == 0:
+        if bad_row != BIG:
+            atomic_min(minima, _BAD_ROW, bad_row)
+        if bad_id != BIG:
+            atomic_min(minima, _BAD_ID, bad_id)
+        cuda.threadfence()
+        if atomic_add(minima, _TICKET, 1) == nb - 1:
+            cuda.threadfence()
+            _write_status(
+                status,
+                rowmap,
+                routemap,
+                atomic_min(minima, _BAD_ROW, BIG),
+                atomic_min(minima, _BAD_ID, BIG),
+            )
 
 
 # ------------------------------------------------------------------------------------------
 # kernels, compiled per signature on first use
 
 _init_jit = jit(_init_body)
+_check_jit = jit(_check_body)
 _combine_jit = {}
 _KERNELS = {}
 _I32P, _I64P, _F32P = P(types.int32), P(types.int64), P(types.float32)
@@ -376,11 +384,14 @@ _I = types.int64
 
 def _combine_sig(width, rt):
     wt = P(_WORD_TYPE[width])
-    return types.void(wt, _I32P, P(rt), _F32P, wt, _F32P, _I64P, *([_I] * 5))
+    return types.void(wt, _I32P, P(rt), _F32P, wt, _F32P, *([_I] * 4))
 
 
-def _init_sig(rt):
-    return types.void(_I64P, _I32P, P(rt), _I)
+_INIT_SIG = types.void(_I64P)
+
+
+def _check_sig(rt):
+    return types.void(_I32P, P(rt), _I64P, _I64P, *([_I] * 4))
 
 
 def _combine_dispatcher(width, data_type, weighted, mix):
@@ -399,7 +410,9 @@ def _kernel(name, *key):
     k = _KERNELS.get((name, key))
     if k is None:
         if name == "init":
-            k = RawKernel(_init_jit, _init_sig(_RT[key[0]]), "init")
+            k = RawKernel(_init_jit, _INIT_SIG, "init")
+        elif name == "check":
+            k = RawKernel(_check_jit, _check_sig(_RT[key[0]]), "check")
         else:
             width, data_type, weighted, mix, ri = key
             k = RawKernel(
@@ -413,10 +426,10 @@ def _kernel(name, *key):
 
 def all_kernels():
     """Every (name, python function, signature) this module can launch (for the PTX test)."""
-    out = []
+    out = [("init", _init_body, _INIT_SIG)]
     for ri in (4, 8):
         rt = _RT[ri]
-        out.append((f"init_i{ri * 8}", _init_body, _init_sig(rt)))
+        out.append((f"check_i{ri * 8}", _check_body, _check_sig(rt)))
         for data_type in (_abi.DATA_FLOAT32, _abi.DATA_BFLOAT16, _abi.DATA_FLOAT16):
             for width in _widths(data_type):
                 for weighted in (False, True):
@@ -468,14 +481,15 @@ def unpermute(
     mix_precision,
     out_hidden,
     out_probs,
-    status,
+    validate,
     alloc,
     stream,
 ):
     """Run moe_unpermute's kernels on ``stream``; see the module docstring and SPEC.md.
 
-    Every output element and every status word is written. Nothing is synchronised.
-    ``alloc`` is not called: the status words serve as the only scratch.
+    Every output element is written. Nothing is synchronised. With ``validate=True``
+    returns the call's :class:`StatusWords` (final once check has run; ``alloc`` gives
+    check's scratch), else None (no check, no scratch).
     """
     T, R, H, E, K = int(num_tokens), int(num_rows), int(hidden), int(num_experts), int(topk)
     ri = int(routemap_itemsize)
@@ -487,9 +501,16 @@ def unpermute(
 
     rm = routemap.kernel_arg(rt_dtype)
     rmap = rowmap.kernel_arg(np.int32)
-    st = status.kernel_arg(np.int64)
     launch = Launcher(stream)
-    launch(_kernel("init", ri), 1, 32, (st, rmap, rm, T))
+    status = None
+    if validate:
+        status = StatusWords(launch, _abi.UNPERMUTE_STATUS_LEN)
+        minima = alloc(3 * 8).kernel_arg(np.int64)
+        launch(_kernel("init"), 1, 32, (minima,))
+        n = max(T * E, T * K)
+        blocks = max(1, min(CHECK_BLOCKS, -(-n // CHECK_BD)))
+        launch(_kernel("check", ri), blocks, CHECK_BD, (rmap, rm, minima, status.arg, T, R, E, K))
+        status.written()
     if T > 0:
         launch(
             _kernel("combine", width, data_type, bool(weighted), bool(mix_precision), ri),
@@ -502,14 +523,13 @@ def unpermute(
                 probs.kernel_arg(np.float32) if R else _dummy(np.float32),
                 out_hidden.kernel_arg(wd),
                 out_probs.kernel_arg(np.float32),
-                st,
-                T,
                 R,
                 E,
                 K,
                 nw,
             ),
         )
+    return status
 
 
 def _dummy(dtype):
