@@ -250,6 +250,23 @@ def test_permute_one_expert_one_slot():
     run_permute(hidden, None, rm, probs, 1, [6], 1, do_gather=False, indices=False)
 
 
+@pytest.mark.parametrize("T", [32, 33])  # one chunk (count_scan), two chunks (count, scan)
+def test_permute_one_block_and_chunked(T):
+    rng = np.random.default_rng(T)
+    K, E, H, A = 3, 4, 3, 2
+    rm = random_routemap(rng, T, K, E)
+    rm[5, 0] = 9  # bad id
+    rm[7] = [2, 1, 1]  # repeated id
+    probs = rng.random((T, K), dtype=np.float32)
+    hidden = rng.standard_normal((T, H)).astype(np.float32)
+    counts = counts_of(rm, E)
+    status = run_permute(hidden, None, rm, probs, E, counts + [0, 1, 0, 3], A)
+    assert status[_abi.PERMUTE_BAD_ID] == 5 * K and status[_abi.PERMUTE_DUPLICATE] == 7 * K + 2
+    assert status[_abi.PERMUTE_MISMATCH] == 1
+    status = run_permute(hidden, None, rm, probs, E, None, A, override=5)
+    assert status[_abi.PERMUTE_ROWS_NEEDED] > 5
+
+
 def test_permute_empty_routing_and_zero_tokens():
     rng = np.random.default_rng(7)
     rm = np.full((9, 2), -1, np.int32)

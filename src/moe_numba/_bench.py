@@ -361,29 +361,34 @@ def bench_cuda_case(case, repeat, library):
         moved = unpermute_bytes(case, routed)
         roofline = moved / timer.device_ms(_device_copy(library, moved // 2)) / 1e6
 
-        def combine():
-            return moe_unpermute(
-                rows,
-                rowmap,
-                d[2],
-                row_probs,
-                case.tokens,
-                case.experts,
-                using_weighted_combine=True,
-                validate=False,
-            )
+        for op, validate in (
+            ("unpermute weighted", True),
+            ("unpermute weighted validate=False", False),
+        ):
 
-        ms = timer.device_ms(combine)
-        results.append(
-            Result(
-                case,
-                "unpermute weighted validate=False",
-                ms,
-                moved / ms / 1e6,
-                roofline,
-                host_us=timer.host_us(combine) if small else None,
+            def combine(validate=validate):
+                return moe_unpermute(
+                    rows,
+                    rowmap,
+                    d[2],
+                    row_probs,
+                    case.tokens,
+                    case.experts,
+                    using_weighted_combine=True,
+                    validate=validate,
+                )
+
+            ms = timer.device_ms(combine)
+            results.append(
+                Result(
+                    case,
+                    op,
+                    ms,
+                    moved / ms / 1e6,
+                    roofline,
+                    host_us=timer.host_us(combine) if small else None,
+                )
             )
-        )
     return results
 
 

@@ -1,6 +1,7 @@
 """moe_permute on the GPU: count -> scan -> gather (the gather also places the rows).
 
-Stages (three launches on the caller's stream, no host synchronisation):
+Stages (three launches on the caller's stream, no host synchronisation; with ``validate=True``
+the host waits for an event recorded after ``scan``, see :mod:`._status`):
 
 ``count``  grid (token chunks of ``CT``, expert tiles of ``ETILE``). Per chunk: decide for
            every slot whether it counts (id in [0, E), first slot of its expert in the token),
@@ -13,6 +14,8 @@ Stages (three launches on the caller's stream, no host synchronisation):
            finish (atomic ticket; the counter is zeroed by ``count``) then computes ``n_e``,
            ``padded_e``, the offsets (block scan), the end of the filled rows ``lim_e``, and
            all status words.
+``count_scan`` instead of both for small calls (``T <= CT``, ``E <= ETILE``): one block
+           counts the only chunk, then scans (one launch fewer).
 ``gather`` one block per ``PAD_ROWS`` rows (first, so they overlap the copies), then one
            block per token. A padding block finds the rows it covers that hold no token
            (binary search of the offsets) and zeroes them. A token's block turns each
@@ -61,7 +64,6 @@ GATHER_BD = 128  # most threads of a gather block (measured: 128 > 256 > 512 on 
 MIN_BD = 32  # fewest threads of a gather block (a warp)
 PAD_ROWS = 16  # rows one padding block checks (padding blocks come first in the grid)
 DMAX = 64  # destinations a token block handles at once (K > DMAX: several passes)
-PREFETCH = True  # gather variant (see _make_gather)
 COUNT_BITS = ETILE * (CT // 32)  # size of the count block's shared bitmap (uint32 words)
 RMT = 2048  # routing ids a count block stages in shared memory (8 KiB; 32 KiB bitmap)
 NC_TARGET = 128  # count chunks to aim for
@@ -102,7 +104,8 @@ def _next_slot(s, tl, k, step, q, rr, K):
     return s, tl, k
 
 
-def _count_body(routemap, slot_rank, counts, part, done, T, K, E, ct):
+@device
+def _count(routemap, slot_rank, counts, part, done, T, K, E, ct):
     bits = cuda.shared.array(COUNT_BITS, uint32)
     rmt = cuda.shared.array(RMT, int32)
     smin = cuda.shared.array(2, int32)
@@ -212,7 +215,8 @@ def _load8(counts, c, c1, E, e, vals):
         vals[u] = counts[(c + u) * E + e] if c + u < c1 else 0
 
 
-def _scan_body(
+@device
+def _scan(
     counts,
     capacity,
     offsets,
@@ -365,15 +369,103 @@ def _scan_body(
             status[_abi.PERMUTE_ROWS_NEEDED] = -1
 
 
-def _make_gather(hw, sw, prefetch=True):
+def _count_kernel(routemap, slot_rank, counts, part, done, T, K, E, ct):
+    _count(routemap, slot_rank, counts, part, done, T, K, E, ct)
+
+
+def _scan_kernel(
+    counts,
+    capacity,
+    offsets,
+    lim,
+    ctot,
+    part,
+    routemap,
+    status,
+    done,
+    NC,
+    E,
+    A,
+    R,
+    T,
+    K,
+    override,
+    ex_dim,
+):
+    _scan(
+        counts,
+        capacity,
+        offsets,
+        lim,
+        ctot,
+        part,
+        routemap,
+        status,
+        done,
+        NC,
+        E,
+        A,
+        R,
+        T,
+        K,
+        override,
+        ex_dim,
+    )
+
+
+def _count_scan_kernel(
+    routemap,
+    slot_rank,
+    counts,
+    part,
+    done,
+    capacity,
+    offsets,
+    lim,
+    ctot,
+    status,
+    T,
+    K,
+    E,
+    A,
+    R,
+    override,
+    ex_dim,
+    ct,
+):
+    """Small calls (one chunk, one expert tile): one block counts, then scans (one launch
+    fewer, no ticket)."""
+    _count(routemap, slot_rank, counts, part, done, T, K, E, ct)
+    cuda.syncthreads()
+    _scan(
+        counts,
+        capacity,
+        offsets,
+        lim,
+        ctot,
+        part,
+        routemap,
+        status,
+        done,
+        1,
+        E,
+        A,
+        R,
+        T,
+        K,
+        override,
+        ex_dim,
+    )
+
+
+def _make_gather(hw, sw):
     """The gather kernel body for hidden words of ``hw`` bytes and scale words of ``sw``.
 
-    ``prefetch``: a token's block loads its first hidden words before it works out its
-    rows, so that load's latency overlaps the dependent loads of the placement.
+    A token's block loads its first hidden words before it works out its rows, so that
+    load's latency overlaps the dependent loads of the placement.
     """
     ldh, sth, stzh = _copy.word_ops(hw)
     lds, sts, stzs = _copy.word_ops(sw)
-    PREFETCH = bool(prefetch)
 
     def gather(
         hidden,
@@ -407,7 +499,7 @@ def _make_gather(hw, sw, prefetch=True):
         if b >= npad:
             t = b - npad
             chunk = t // ct
-            if PREFETCH and hnw > 0:
+            if hnw > 0:
                 p0 = ldh(hidden, t * hnw + min(int64(tid), hnw - 1))
                 p1 = ldh(hidden, t * hnw + min(int64(tid) + bd, hnw - 1))
             for e in range(tid, E, bd):  # the token's rowmap row: -1, then its rows below
@@ -419,8 +511,8 @@ def _make_gather(hw, sw, prefetch=True):
                     g = t * K + kb + j
                     d = int64(-1)
                     rank = slot_rank[g]
+                    e = int64(routemap[g])  # (loaded with the rank, not after it)
                     if rank >= 0:
-                        e = int64(routemap[g])
                         row = offsets[e] + counts[chunk * E + e] + rank
                         if row < lim[e]:
                             d = row
@@ -435,7 +527,7 @@ def _make_gather(hw, sw, prefetch=True):
                     w = int64(tid)
                     while w < hnw:
                         w1 = w + bd
-                        if PREFETCH and kb == 0 and w == tid:
+                        if kb == 0 and w == tid:
                             v0 = p0
                             v1 = p1
                         else:
@@ -500,8 +592,9 @@ def _make_gather(hw, sw, prefetch=True):
 # ------------------------------------------------------------------------------------------
 # kernels, compiled per signature on first use
 
-_count_jit = jit(_count_body)
-_scan_jit = jit(_scan_body)
+_count_jit = jit(_count_kernel)
+_scan_jit = jit(_scan_kernel)
+_count_scan_jit = jit(_count_scan_kernel)
 _gather_jit = {}
 _KERNELS = {}
 
@@ -517,6 +610,10 @@ def _scan_sig(rt):
     return types.void(_I32P, _I64P, _I64P, _I64P, _I64P, _I64P, P(rt), _I64P, _I64P, *([_I] * 8))
 
 
+def _count_scan_sig(rt):
+    return types.void(P(rt), _I32P, _I32P, _I64P, _I64P, *([_I64P] * 5), *([_I] * 8))
+
+
 def _gather_sig(hw, sw, rt):
     h, s = P(_copy.WORD_TYPE[hw]), P(_copy.WORD_TYPE[sw])
     return types.void(
@@ -524,10 +621,10 @@ def _gather_sig(hw, sw, rt):
     )
 
 
-def _gather_dispatcher(hw, sw, prefetch=True):
-    d = _gather_jit.get((hw, sw, prefetch))
+def _gather_dispatcher(hw, sw):
+    d = _gather_jit.get((hw, sw))
     if d is None:
-        d = _gather_jit[(hw, sw, prefetch)] = jit(_make_gather(hw, sw, prefetch))
+        d = _gather_jit[(hw, sw)] = jit(_make_gather(hw, sw))
     return d
 
 
@@ -538,12 +635,12 @@ def _kernel(name, *key):
             k = RawKernel(_count_jit, _count_sig(_RT[key[0]]), "count")
         elif name == "scan":
             k = RawKernel(_scan_jit, _scan_sig(_RT[key[0]]), "scan")
+        elif name == "count_scan":
+            k = RawKernel(_count_scan_jit, _count_scan_sig(_RT[key[0]]), "count_scan")
         else:
-            hw, sw, ri, prefetch = key
+            hw, sw, ri = key
             k = RawKernel(
-                _gather_dispatcher(hw, sw, prefetch),
-                _gather_sig(hw, sw, _RT[ri]),
-                f"gather_h{hw}_s{sw}" + ("" if prefetch else "_noprefetch"),
+                _gather_dispatcher(hw, sw), _gather_sig(hw, sw, _RT[ri]), f"gather_h{hw}_s{sw}"
             )
         _KERNELS[(name, key)] = k
     return k
@@ -554,8 +651,9 @@ def all_kernels():
     out = []
     for ri in (4, 8):
         rt = _RT[ri]
-        out.append((f"count_i{ri * 8}", _count_body, _count_sig(rt)))
-        out.append((f"scan_i{ri * 8}", _scan_body, _scan_sig(rt)))
+        out.append((f"count_i{ri * 8}", _count_kernel, _count_sig(rt)))
+        out.append((f"scan_i{ri * 8}", _scan_kernel, _scan_sig(rt)))
+        out.append((f"count_scan_i{ri * 8}", _count_scan_kernel, _count_scan_sig(rt)))
         for hw in _copy.WIDTHS:
             for sw in _copy.WIDTHS[:3]:  # scale rows hold 4-byte elements
                 fn = _gather_dispatcher(hw, sw).py_func
@@ -647,7 +745,8 @@ def permute(
         snw = scale_row_bytes // sw
     else:
         sw, snw = 4, 0
-    ct = _chunk_tokens(T, K)
+    one_block = 0 < T <= CT and E <= ETILE  # count and scan in one block: one launch
+    ct = T if one_block else _chunk_tokens(T, K)
     nc = -(-T // ct)
     net = -(-E // ETILE)
 
@@ -680,39 +779,34 @@ def permute(
         status = None
         status_arg = _sub(scratch, o_status, 8 * _abi.PERMUTE_STATUS_LEN).kernel_arg(np.int64)
 
-    if T > 0:
-        launch(
-            _kernel("count", ri), (nc, net), COUNT_BD, (rm, ranks, counts, part, done, T, K, E, ct)
-        )
-
-    # scan: one block per tile of ex_dim experts (the last one to finish does the offsets
-    # and the status); with no tokens, one block and no ticket counter
-    ex_dim = max(1, SCAN_BD // 32) if T > 0 else SCAN_BD
     override = 1 if capacity is None else 0
-    launch(
-        _kernel("scan", ri),
-        -(-E // ex_dim) if T > 0 else 1,
-        SCAN_BD,
-        (
-            counts,
-            _arg(capacity, np.int64),
-            offsets,
-            lim,
-            ctot,
-            part,
-            rm,
-            status_arg,
-            done,
-            nc,
-            E,
-            int(alignment),
-            R,
-            T,
-            K,
-            override,
-            ex_dim,
-        ),
-    )
+    capacity = _arg(capacity, np.int64)
+    if one_block:
+        launch(
+            _kernel("count_scan", ri),
+            1,
+            COUNT_BD,
+            (rm, ranks, counts, part, done, capacity, offsets, lim, ctot, status_arg)
+            + (T, K, E, int(alignment), R, override, max(1, COUNT_BD // 32), ct),
+        )
+    else:
+        if T > 0:
+            launch(
+                _kernel("count", ri),
+                (nc, net),
+                COUNT_BD,
+                (rm, ranks, counts, part, done, T, K, E, ct),
+            )
+        # scan: one block per tile of ex_dim experts (the last one to finish does the
+        # offsets and the status); with no tokens, one block and no ticket counter
+        ex_dim = max(1, SCAN_BD // 32) if T > 0 else SCAN_BD
+        launch(
+            _kernel("scan", ri),
+            -(-E // ex_dim) if T > 0 else 1,
+            SCAN_BD,
+            (counts, capacity, offsets, lim, ctot, part, rm, status_arg, done)
+            + (nc, E, int(alignment), R, T, K, override, ex_dim),
+        )
 
     if status is not None:
         status.written()
@@ -721,7 +815,7 @@ def permute(
     if blocks > 0:
         hd, sd = _copy.WORD_DTYPE[hw], _copy.WORD_DTYPE[sw]
         launch(
-            _kernel("gather", hw, sw, ri, PREFETCH),
+            _kernel("gather", hw, sw, ri),
             blocks,
             _gather_block(max(hnw, snw)),
             (
