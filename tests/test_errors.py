@@ -429,6 +429,26 @@ def test_strided_input_is_rejected(backend):
         moe_permute(**args)
 
 
+def test_checks_are_remembered_per_call_key(backend):
+    """A call's checks are remembered by its arrays' type, shape, dtype, strides and device
+    and its scalars' types and values; a call that differs in any of them is checked anew."""
+    args = _device_args(backend, permute_defaults())
+    moe_permute(**args)
+    strided = dict(args, expert_prob_topk=backend.to_device(np.full((4, 4), 0.5, np.float32)))
+    strided["expert_prob_topk"] = strided["expert_prob_topk"][:, ::2]  # same shape and dtype
+    for _ in range(2):
+        with pytest.raises(ValueError, match=re.escape("expert_prob_topk must be C-contiguous")):
+            moe_permute(**strided)
+    with pytest.raises(TypeError, match="num_experts must be an int; got float 3.0"):
+        moe_permute(**dict(args, num_experts=3.0))  # equal to 3 and hashed alike
+    with pytest.raises(TypeError, match="tokens_per_expert must hold ints; got dtype float64"):
+        moe_permute(**dict(args, tokens_per_expert=[2.0, 2.0, 1.0]))
+    moe_permute(**args)
+    moe_unpermute(**_device_args(backend, unpermute_defaults()))
+    with pytest.raises(TypeError, match="using_weighted_combine must be a bool; got int 1"):
+        moe_unpermute(**_device_args(backend, unpermute_defaults()), using_weighted_combine=1)
+
+
 def test_value_errors_are_raised_only_with_validate(backend):
     args = permute_defaults()
     args["expert_routemap_topk"] = np.array([[0, 0], [1, 9], [2, 0], [-1, -1]], np.int32)

@@ -8,14 +8,16 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from . import _abi
-from ._arrays import array_library, check_arrays, locate
+from ._arrays import array_library, call_key, check_arrays, locate
 from ._contract import (
+    cached,
+    check_permute_metadata,
+    check_unpermute_metadata,
     permute_outputs,
-    plan_permute,
-    plan_unpermute,
     raise_for_permute_status,
     raise_for_unpermute_status,
     unpermute_outputs,
+    with_capacities,
 )
 
 Array: TypeAlias = Any
@@ -34,6 +36,31 @@ def _dtype_of(x):
 def _as_bytes(x):
     """A C-contiguous NumPy array as ``uint8 [rows, row_bytes]`` (the rows' raw bytes)."""
     return x.view(np.uint8).reshape(x.shape[0], x.shape[1] * x.dtype.itemsize)
+
+
+_PERMUTE_ARRAYS = ("hidden_states", "scale", "expert_routemap_topk", "expert_prob_topk")
+_UNPERMUTE_ARRAYS = (
+    "hidden_states_unzipped",
+    "zipped_expertwise_rowmap",
+    "expert_routemap_topk",
+    "token_prob_unzipped",
+)
+_permute_calls = {}  # call key -> (backend, metadata plan)
+_unpermute_calls = {}
+
+
+def _prepare(calls, names, arrays, scalars, check_metadata):
+    """(backend, plan) of a call: where its arrays live, its metadata checked, contiguity and
+    device checked, in that order; remembered by :func:`call_key` (errors never are)."""
+
+    def prepare():
+        named = dict(zip(names, arrays, strict=True))
+        backend = locate(named)
+        plan = check_metadata(*arrays, *scalars, shape_of=_shape_of, dtype_of=_dtype_of)
+        check_arrays(named)
+        return backend, plan
+
+    return cached(calls, call_key(arrays, scalars), prepare)
 
 
 def _load_gpu_backend():
@@ -138,30 +165,22 @@ def moe_permute(
            [-1,  2, -1],
            [ 1,  3, -1]], dtype=int32)
     """
-    arrays = {
-        "hidden_states": hidden_states,
-        "scale": scale,
-        "expert_routemap_topk": expert_routemap_topk,
-        "expert_prob_topk": expert_prob_topk,
-    }
-    backend = locate(arrays)
-    plan = plan_permute(
-        hidden_states,
-        scale,
-        expert_routemap_topk,
-        expert_prob_topk,
-        num_experts,
-        tokens_per_expert,
-        padding_alignment,
-        do_gather,
-        using_ue8m0_scale,
-        return_expert_indices,
-        override_buffer_size,
-        validate,
-        shape_of=_shape_of,
-        dtype_of=_dtype_of,
+    backend, plan = _prepare(
+        _permute_calls,
+        _PERMUTE_ARRAYS,
+        (hidden_states, scale, expert_routemap_topk, expert_prob_topk),
+        (
+            num_experts,
+            padding_alignment,
+            do_gather,
+            using_ue8m0_scale,
+            return_expert_indices,
+            override_buffer_size,
+            validate,
+        ),
+        check_permute_metadata,
     )
-    check_arrays(arrays)
+    plan = with_capacities(plan, tokens_per_expert)
     if backend == "cpu":
         outputs, status = _permute_cpu(
             plan, hidden_states, scale, expert_routemap_topk, expert_prob_topk, validate
@@ -277,27 +296,18 @@ def moe_unpermute(
     >>> slot_probs
     array([[0.75, 0.25]], dtype=float32)
     """
-    arrays = {
-        "hidden_states_unzipped": hidden_states_unzipped,
-        "zipped_expertwise_rowmap": zipped_expertwise_rowmap,
-        "expert_routemap_topk": expert_routemap_topk,
-        "token_prob_unzipped": token_prob_unzipped,
-    }
-    backend = locate(arrays)
-    plan = plan_unpermute(
-        hidden_states_unzipped,
-        zipped_expertwise_rowmap,
-        expert_routemap_topk,
-        token_prob_unzipped,
-        total_zipped_tokens,
-        num_experts,
-        using_mix_precision,
-        using_weighted_combine,
-        validate,
-        shape_of=_shape_of,
-        dtype_of=_dtype_of,
+    backend, plan = _prepare(
+        _unpermute_calls,
+        _UNPERMUTE_ARRAYS,
+        (
+            hidden_states_unzipped,
+            zipped_expertwise_rowmap,
+            expert_routemap_topk,
+            token_prob_unzipped,
+        ),
+        (total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate),
+        check_unpermute_metadata,
     )
-    check_arrays(arrays)
     if backend == "cpu":
         outputs, status = _unpermute_cpu(
             plan,

@@ -129,10 +129,37 @@ def check_arrays(arrays):
         )
 
 
+def call_key(arrays, scalars):
+    """A hashable key for what a call's checks depend on, or None when there is none.
+
+    Per array its type, shape, dtype, strides and device (so location, metadata and
+    contiguity checks can be remembered), per scalar its type and value. Only arrays of a
+    type an earlier call has seen get a key: the first call always runs every check.
+    """
+    key = []
+    for x in arrays:
+        if x is None:
+            key.append(None)
+            continue
+        library = _LIBRARY_OF_TYPE.get(type(x))
+        k = None if library is None else library.key(x)
+        if k is None:
+            return None
+        key.append(k)
+    key.extend((type(v), v) for v in scalars)
+    key = tuple(key)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable scalar
+        return None
+    return key
+
+
 # ---------------------------------------------------------------------------------------------
 # Adapters. Each has: shape(x), dtype(x) (a NumPy dtype; ml_dtypes for bf16/fp8),
-# is_contiguous(x), buffer(x) -> DeviceBuffer, empty(shape, dtype, like), upload(np, like),
-# to_host(x) -> np.ndarray, stream(like) -> int, device(x) -> hashable.
+# is_contiguous(x), key(x) -> hashable or None, buffer(x) -> DeviceBuffer,
+# empty(shape, dtype, like), upload(np, like), to_host(x) -> np.ndarray, stream(like) -> int,
+# device(x) -> hashable.
 
 
 class NumpyLibrary:
@@ -151,6 +178,10 @@ class NumpyLibrary:
     @staticmethod
     def is_contiguous(x):
         return x.flags.c_contiguous
+
+    @staticmethod
+    def key(x):
+        return type(x), x.shape, x.dtype, x.strides
 
     @staticmethod
     def to_host(x):
@@ -206,6 +237,10 @@ class TorchLibrary:
         return x.is_contiguous()
 
     @staticmethod
+    def key(x):
+        return type(x), x.shape, x.dtype, x.stride(), x.device
+
+    @staticmethod
     def buffer(x):
         return DeviceBuffer(x.data_ptr(), x.nbytes)
 
@@ -247,6 +282,10 @@ class CupyLibrary(NumpyLibrary):
         self.cupy = cupy
 
     @staticmethod
+    def key(x):
+        return type(x), x.shape, x.dtype, x.strides, x.device.id
+
+    @staticmethod
     def buffer(x):
         return DeviceBuffer(x.data.ptr, x.nbytes)
 
@@ -279,14 +318,17 @@ class NumbaLibrary:
     name = "numba"
 
     def __init__(self):
-        from numba import cuda
+        from numba import config, cuda
 
         self.cuda = cuda
+        self._device_array = None
+        if not config.ENABLE_CUDASIM:  # (the simulator has no DeviceNDArray)
+            from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+            self._device_array = DeviceNDArray
 
     def _as_numba(self, x):
-        from numba.cuda.cudadrv.devicearray import DeviceNDArray
-
-        return x if isinstance(x, DeviceNDArray) else self.cuda.as_cuda_array(x)
+        return x if isinstance(x, self._device_array) else self.cuda.as_cuda_array(x)
 
     def shape(self, x):
         return tuple(x.shape)
@@ -296,6 +338,11 @@ class NumbaLibrary:
 
     def is_contiguous(self, x):
         return self._as_numba(x).is_c_contiguous()
+
+    def key(self, x):
+        if type(x) is not self._device_array:  # other producers: no cheap, trustworthy key
+            return None
+        return type(x), x.shape, x.dtype, x.strides
 
     def buffer(self, x):
         x = self._as_numba(x)
@@ -345,6 +392,9 @@ class SimulatorLibrary(NumbaLibrary):
 
     def is_contiguous(self, x):
         return x._ary.flags.c_contiguous
+
+    def key(self, x):
+        return type(x), x.shape, x.dtype, x._ary.strides
 
     def buffer(self, x):
         return DeviceBuffer(0, x.nbytes, sim_array=x._ary)

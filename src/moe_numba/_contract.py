@@ -37,35 +37,22 @@ ROUTEMAP_DTYPES = frozenset((np.dtype(np.int32), np.dtype(np.int64)))
 FLOAT32 = frozenset((np.dtype(np.float32),))
 INT32 = frozenset((np.dtype(np.int32),))
 
-# Plans by call signature (array types, shapes, dtypes; scalar types and values): a training
-# loop repeats the same metadata, so its checks run once. Bounded; cleared when full.
-_PLAN_CACHE_SIZE = 256
-_permute_plans = {}
-_capacity_plans = {}  # (metadata plan, tokens_per_expert) -> plan with capacities, rows
-_unpermute_plans = {}
+# Bounded caches (cleared when full): a training loop repeats the same metadata and often the
+# same capacities, so their checks run once.
+_CACHE_SIZE = 256
+_capacity_plans = {}  # (metadata plan, tokens_per_expert) -> plan with capacities and rows
 
 
-def _signature(arrays, scalars):
-    """A hashable key for a call's metadata, or None when an array does not allow one."""
-    try:
-        key = tuple(None if x is None else (type(x), x.shape, x.dtype) for x in arrays)
-        key += tuple((type(v), v) for v in scalars)
-        hash(key)
-    except (AttributeError, TypeError):
-        return None
-    return key
-
-
-def _cached(cache, key, compute):
-    """``compute()``, remembered under ``key`` (when not None)."""
-    plan = None if key is None else cache.get(key)
-    if plan is None:
-        plan = compute()
+def cached(cache, key, compute):
+    """``compute()``, remembered in ``cache`` under ``key`` (when not None)."""
+    value = None if key is None else cache.get(key)
+    if value is None:
+        value = compute()
         if key is not None:
-            if len(cache) >= _PLAN_CACHE_SIZE:
+            if len(cache) >= _CACHE_SIZE:
                 cache.clear()
-            cache[key] = plan
-    return plan
+            cache[key] = value
+    return value
 
 
 def _names(dtypes):
@@ -167,49 +154,17 @@ class PermutePlan(NamedTuple):
     return_expert_indices: bool
 
 
-def plan_permute(
-    hidden_states,
-    scale,
-    expert_routemap_topk,
-    expert_prob_topk,
-    num_experts,
-    tokens_per_expert,
-    padding_alignment,
-    do_gather,
-    using_ue8m0_scale,
-    return_expert_indices,
-    override_buffer_size,
-    validate,
-    *,
-    shape_of,
-    dtype_of,
-):
-    """Check the metadata of a ``moe_permute`` call and plan its outputs.
+def with_capacities(plan, tokens_per_expert):
+    """``plan`` with its capacities and row count (unchanged under ``override_buffer_size``).
 
-    ``shape_of`` and ``dtype_of`` read an array's shape and (NumPy) dtype, whatever its
-    library. Raises ``TypeError``/``ValueError`` naming the argument.
+    Raises ``TypeError``/``ValueError`` for a bad ``tokens_per_expert``.
     """
-    arrays = (hidden_states, scale, expert_routemap_topk, expert_prob_topk)
-    scalars = (
-        num_experts,
-        padding_alignment,
-        do_gather,
-        using_ue8m0_scale,
-        return_expert_indices,
-        override_buffer_size,
-        validate,
-    )
-    plan = _cached(
-        _permute_plans,
-        _signature(arrays, scalars),
-        lambda: _check_permute_metadata(*arrays, *scalars, shape_of=shape_of, dtype_of=dtype_of),
-    )
-    if plan.num_rows >= 0:  # override_buffer_size
+    if plan.num_rows >= 0:
         return plan
-    return _cached(
+    return cached(
         _capacity_plans,
         _capacities_key(plan, tokens_per_expert),
-        lambda: _with_capacities(plan, tokens_per_expert),
+        lambda: _plan_rows(plan, tokens_per_expert),
     )
 
 
@@ -223,13 +178,13 @@ def _capacities_key(plan, tokens_per_expert):
     return None
 
 
-def _with_capacities(plan, tokens_per_expert):
+def _plan_rows(plan, tokens_per_expert):
     capacities = capacities_from(tokens_per_expert, plan.num_experts)
     num_rows = int((-(-capacities // plan.alignment) * plan.alignment).sum())
     return plan._replace(capacities=capacities, num_rows=num_rows)
 
 
-def _check_permute_metadata(
+def check_permute_metadata(
     hidden_states,
     scale,
     expert_routemap_topk,
@@ -245,8 +200,12 @@ def _check_permute_metadata(
     shape_of,
     dtype_of,
 ):
-    """Every check of ``plan_permute`` that depends on metadata alone; ``num_rows`` is -1
-    unless ``override_buffer_size`` fixes it."""
+    """Check the metadata of a ``moe_permute`` call (everything but ``tokens_per_expert``) and
+    plan its outputs; ``num_rows`` is -1 unless ``override_buffer_size`` fixes it.
+
+    ``shape_of`` and ``dtype_of`` read an array's shape and (NumPy) dtype, whatever its
+    library. Raises ``TypeError``/``ValueError`` naming the argument.
+    """
     do_gather = check_bool("do_gather", do_gather)
     using_ue8m0_scale = check_bool("using_ue8m0_scale", using_ue8m0_scale)
     return_expert_indices = check_bool("return_expert_indices", return_expert_indices)
@@ -326,7 +285,7 @@ class UnpermutePlan(NamedTuple):
     mix_precision: bool
 
 
-def plan_unpermute(
+def check_unpermute_metadata(
     hidden_states_unzipped,
     zipped_expertwise_rowmap,
     expert_routemap_topk,
@@ -340,42 +299,8 @@ def plan_unpermute(
     shape_of,
     dtype_of,
 ):
-    """Check the metadata of a ``moe_unpermute`` call and plan its outputs."""
-    arrays = (
-        hidden_states_unzipped,
-        zipped_expertwise_rowmap,
-        expert_routemap_topk,
-        token_prob_unzipped,
-    )
-    scalars = (
-        total_zipped_tokens,
-        num_experts,
-        using_mix_precision,
-        using_weighted_combine,
-        validate,
-    )
-    return _cached(
-        _unpermute_plans,
-        _signature(arrays, scalars),
-        lambda: _check_unpermute_metadata(*arrays, *scalars, shape_of=shape_of, dtype_of=dtype_of),
-    )
-
-
-def _check_unpermute_metadata(
-    hidden_states_unzipped,
-    zipped_expertwise_rowmap,
-    expert_routemap_topk,
-    token_prob_unzipped,
-    total_zipped_tokens,
-    num_experts,
-    using_mix_precision,
-    using_weighted_combine,
-    validate,
-    *,
-    shape_of,
-    dtype_of,
-):
-    """Every check of ``plan_unpermute``."""
+    """Check the metadata of a ``moe_unpermute`` call and plan its outputs (see
+    :func:`check_permute_metadata`)."""
     mix_precision = check_bool("using_mix_precision", using_mix_precision)
     weighted = check_bool("using_weighted_combine", using_weighted_combine)
     check_bool("validate", validate)

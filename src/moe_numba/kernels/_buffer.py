@@ -35,3 +35,31 @@ class DeviceBuffer:
         if self.sim_array is None:
             return self.ptr
         return self.sim_array.reshape(-1).view(np.uint8).view(dtype)
+
+
+def carve(alloc, parts):
+    """One scratch allocation split into consecutive arrays; their kernel arguments.
+
+    Parameters
+    ----------
+    alloc : callable
+        ``alloc(nbytes)`` returns a :class:`DeviceBuffer` of at least ``nbytes`` bytes.
+    parts : sequence of (int, numpy.dtype)
+        Element count and type of each array, in order; order them by falling alignment
+        (every part starts where the one before ends).
+
+    Returns
+    -------
+    list
+        Per part, the argument for a pointer parameter of its type (see
+        :meth:`DeviceBuffer.kernel_arg`).
+    """
+    buf = alloc(sum(count * dtype.itemsize for count, dtype in parts))
+    sim = None if buf.sim_array is None else buf.sim_array.reshape(-1).view(np.uint8)
+    args = []
+    offset = 0
+    for count, dtype in parts:
+        nbytes = count * dtype.itemsize
+        args.append(buf.ptr + offset if sim is None else sim[offset : offset + nbytes].view(dtype))
+        offset += nbytes
+    return args

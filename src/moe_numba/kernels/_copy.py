@@ -22,12 +22,15 @@ WORD_TYPE = {16: types.uint64, 8: types.uint64, 4: types.uint32, 2: types.uint16
 WORD_DTYPE = {16: np.uint64, 8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
 
 
-def word_width(row_bytes, *buffers):
-    """The widest word that divides ``row_bytes`` and the address of every given buffer."""
-    for width in WIDTHS:
-        if row_bytes % width:
-            continue
-        if all(b is None or b.ptr % width == 0 for b in buffers):
+def word_width(row_bytes, *buffers, widths=WIDTHS):
+    """The widest of ``widths`` (powers of two, falling) that divides ``row_bytes`` and the
+    address of every given buffer (None entries are skipped); 1 if none does."""
+    bits = row_bytes
+    for b in buffers:
+        if b is not None:
+            bits |= b.ptr  # a power of two divides every value iff it divides their OR
+    for width in widths:
+        if bits % width == 0:
             return width
     return 1
 

@@ -14,8 +14,8 @@ the host waits for an event recorded after ``scan``, see :mod:`._status`):
            finish (atomic ticket; the counter is zeroed by ``count``) then computes ``n_e``,
            ``padded_e``, the offsets (block scan), the end of the filled rows ``lim_e``, and
            all status words.
-``count_scan`` instead of both for small calls (``T <= CT``, ``E <= ETILE``): one block
-           counts the only chunk, then scans (one launch fewer).
+``count_scan`` instead of both for small calls with ``validate=False`` (``T <= CT``,
+           ``E <= ETILE``): one block counts the only chunk, then scans (one launch fewer).
 ``gather`` one block per ``PAD_ROWS`` rows (first, so they overlap the copies), then one
            block per token. A padding block finds the rows it covers that hold no token
            (binary search of the offsets) and zeroes them. A token's block turns each
@@ -41,7 +41,7 @@ from numba.cuda import types
 
 from .. import _abi
 from . import _copy
-from ._buffer import DeviceBuffer
+from ._buffer import carve
 from ._launch import SIM, Launcher, RawKernel, jit
 from ._primitives import (
     BIG,
@@ -69,6 +69,7 @@ RMT = 2048  # routing ids a count block stages in shared memory (8 KiB; 32 KiB b
 NC_TARGET = 128  # count chunks to aim for
 
 _BIG32 = 0x7FFFFFFF
+_I64, _I32 = np.dtype(np.int64), np.dtype(np.int32)
 
 P = types.CPointer
 _RT = {4: types.int32, 8: types.int64}
@@ -665,14 +666,6 @@ def all_kernels():
 # host side
 
 
-def _sub(buf, offset, nbytes):
-    """Bytes [offset, offset + nbytes) of a scratch buffer."""
-    sim = None if buf.sim_array is None else buf.sim_array.reshape(-1).view(np.uint8)
-    return DeviceBuffer(
-        buf.ptr + offset, nbytes, None if sim is None else sim[offset : offset + nbytes]
-    )
-
-
 def _arg(buf, dtype):
     """Kernel argument for an optional buffer (None: a null pointer / a dummy array)."""
     if buf is None:
@@ -745,29 +738,27 @@ def permute(
         snw = scale_row_bytes // sw
     else:
         sw, snw = 4, 0
-    one_block = 0 < T <= CT and E <= ETILE  # count and scan in one block: one launch
+    # count and scan in one block: one launch fewer, for calls bound by host time; with
+    # validate=True the host waits for the scan, which chunked counting finishes sooner
+    one_block = not validate and 0 < T <= CT and E <= ETILE
     ct = T if one_block else _chunk_tokens(T, K)
     nc = -(-T // ct)
     net = -(-E // ETILE)
 
     # one scratch allocation: int64 arrays first (8-byte aligned), then int32 arrays
-    o_done = 0
-    o_off = 8
-    o_lim = o_off + 8 * (E + 1)
-    o_ctot = o_lim + 8 * E
-    o_part = o_ctot + 8 * E
-    o_status = o_part + 8 * 2 * max(nc, 1)
-    o_counts = o_status + 8 * _abi.PERMUTE_STATUS_LEN
-    o_rank = o_counts + 4 * max(nc * E, 1)
-    total = o_rank + 4 * max(T * K, 1)
-    scratch = alloc(total)
-    done = _sub(scratch, o_done, 8).kernel_arg(np.int64)
-    offsets = _sub(scratch, o_off, 8 * (E + 1)).kernel_arg(np.int64)
-    lim = _sub(scratch, o_lim, 8 * E).kernel_arg(np.int64)
-    ctot = _sub(scratch, o_ctot, 8 * E).kernel_arg(np.int64)
-    part = _sub(scratch, o_part, 8 * 2 * max(nc, 1)).kernel_arg(np.int64)
-    counts = _sub(scratch, o_counts, 4 * max(nc * E, 1)).kernel_arg(np.int32)
-    ranks = _sub(scratch, o_rank, 4 * max(T * K, 1)).kernel_arg(np.int32)
+    done, offsets, lim, ctot, part, status_scratch, counts, ranks = carve(
+        alloc,
+        (
+            (1, _I64),
+            (E + 1, _I64),
+            (E, _I64),
+            (E, _I64),
+            (2 * max(nc, 1), _I64),
+            (_abi.PERMUTE_STATUS_LEN, _I64),
+            (max(nc * E, 1), _I32),
+            (max(T * K, 1), _I32),
+        ),
+    )
 
     rm = routemap.kernel_arg(rt_dtype)
     rowmap = out_rowmap.kernel_arg(np.int32)
@@ -777,7 +768,7 @@ def permute(
         status_arg = status.arg
     else:
         status = None
-        status_arg = _sub(scratch, o_status, 8 * _abi.PERMUTE_STATUS_LEN).kernel_arg(np.int64)
+        status_arg = status_scratch
 
     override = 1 if capacity is None else 0
     capacity = _arg(capacity, np.int64)
@@ -787,7 +778,7 @@ def permute(
             1,
             COUNT_BD,
             (rm, ranks, counts, part, done, capacity, offsets, lim, ctot, status_arg)
-            + (T, K, E, int(alignment), R, override, max(1, COUNT_BD // 32), ct),
+            + (T, K, E, int(alignment), R, override, COUNT_BD, ct),  # a thread per expert
         )
     else:
         if T > 0:

@@ -32,7 +32,8 @@ from numba.cuda import types
 
 from .. import _abi
 from . import _convert as cv
-from ._copy import word_ops
+from ._buffer import carve
+from ._copy import word_ops, word_width
 from ._launch import Launcher, RawKernel, jit
 from ._primitives import (
     BIG,
@@ -457,13 +458,6 @@ def _combine_block(words):
     return bd
 
 
-def _width(row_bytes, data_type, *buffers):
-    for width in _widths(data_type):
-        if row_bytes % width == 0 and all(b.ptr % width == 0 for b in buffers):
-            return width
-    return _ITEMSIZE[data_type]
-
-
 def unpermute(
     rows,
     rowmap,
@@ -495,7 +489,7 @@ def unpermute(
     ri = int(routemap_itemsize)
     rt_dtype = np.int32 if ri == 4 else np.int64
     esize = _ITEMSIZE[data_type]
-    width = _width(H * esize, data_type, rows, out_hidden)
+    width = max(esize, word_width(H * esize, rows, out_hidden, widths=_widths(data_type)))
     nw = H * esize // width
     wd = _WORD_DTYPE[width]
 
@@ -505,7 +499,7 @@ def unpermute(
     status = None
     if validate:
         status = StatusWords(launch, _abi.UNPERMUTE_STATUS_LEN)
-        minima = alloc(3 * 8).kernel_arg(np.int64)
+        (minima,) = carve(alloc, ((3, np.dtype(np.int64)),))
         launch(_kernel("init"), 1, 32, (minima,))
         n = max(T * E, T * K)
         blocks = max(1, min(CHECK_BLOCKS, -(-n // CHECK_BD)))
