@@ -2,8 +2,9 @@
 
 Both backends (``moe_cpu`` and ``moe_numba.kernels``) report the value errors of SPEC.md in a
 small int64 array instead of raising themselves, so that the GPU needs a single read-back and
-both backends share one set of messages (``moe_numba._contract.raise_for_status``). Every slot
-holds -1 when there is nothing to report; a backend writes every slot on every call.
+both backends share one set of messages (``raise_for_permute_status`` and
+``raise_for_unpermute_status`` in ``moe_numba._contract``). Every slot holds -1 when there is
+nothing to report; a backend asked for the words writes every slot.
 
 Indices are flat: a slot of ``expert_routemap_topk`` is ``t * K + k``, an entry of
 ``zipped_expertwise_rowmap`` is ``t * E + e``. When several entries are at fault, the smallest

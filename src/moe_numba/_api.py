@@ -128,7 +128,8 @@ def moe_permute(
     validate : bool, default True
         Raise ``ValueError`` for bad values (ids outside [-1, E), an expert named twice by
         one token, counts that differ from ``tokens_per_expert``, ``override_buffer_size``
-        too small). On a GPU this reads one status word back (the call's only sync). With
+        too small). On a GPU the host waits for the kernel that checks the routing (not for
+        the row copies, which go on after the call returns): the call's only sync. With
         False nothing is checked or synchronised, and bad values follow the documented rules.
 
     Returns

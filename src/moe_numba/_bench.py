@@ -339,63 +339,43 @@ def bench_cuda_case(case, repeat, library):
     small = case.tokens <= 1024
     moved = permute_bytes(case, rows.shape[0], 0 if scale is None else scale.shape[1])
     roofline = moved / timer.device_ms(_device_copy(library, moved // 2)) / 1e6
-    results = []
-    for op, validate in (("permute", True), ("permute validate=False", False)):
 
-        def call(validate=validate):
-            return moe_permute(*args, validate=validate)
-
+    def timed(op, call, moved, roofline):
         ms = timer.device_ms(call)
-        results.append(
-            Result(
-                case,
-                op,
-                ms,
-                moved / ms / 1e6,
-                roofline,
-                host_us=timer.host_us(call) if small else None,
-            )
-        )
+        host_us = timer.host_us(call) if small else None
+        return Result(case, op, ms, moved / ms / 1e6, roofline, host_us=host_us)
+
+    results = [
+        timed(op, lambda validate=validate: moe_permute(*args, validate=validate), moved, roofline)
+        for op, validate in (("permute", True), ("permute validate=False", False))
+    ]
     if DTYPES[case.dtype].itemsize >= 2:
         routed = int(case.tokens * min(case.topk, case.experts))
         moved = unpermute_bytes(case, routed)
         roofline = moved / timer.device_ms(_device_copy(library, moved // 2)) / 1e6
-
-        for op, validate in (
-            ("unpermute weighted", True),
-            ("unpermute weighted validate=False", False),
-        ):
-
-            def combine(validate=validate):
-                return moe_unpermute(
-                    rows,
-                    rowmap,
-                    d[2],
-                    row_probs,
-                    case.tokens,
-                    case.experts,
-                    using_weighted_combine=True,
-                    validate=validate,
-                )
-
-            ms = timer.device_ms(combine)
-            results.append(
-                Result(
-                    case,
-                    op,
-                    ms,
-                    moved / ms / 1e6,
-                    roofline,
-                    host_us=timer.host_us(combine) if small else None,
-                )
+        combine_args = (rows, rowmap, d[2], row_probs, case.tokens, case.experts)
+        results += [
+            timed(
+                op,
+                lambda validate=validate: moe_unpermute(
+                    *combine_args, using_weighted_combine=True, validate=validate
+                ),
+                moved,
+                roofline,
             )
+            for op, validate in (
+                ("unpermute weighted", True),
+                ("unpermute weighted validate=False", False),
+            )
+        ]
     return results
 
 
 # ------------------------------------------------------------------------------ reporting
 
 
-def print_table(results, out=sys.stdout):
+def print_table(results, out=None):
+    out = out or sys.stdout  # (looked up per call, so redirections of sys.stdout apply)
     header = (
         f"{'case':<44} {'operation':<34} {'ms':>9} {'GB/s':>8} {'copy GB/s':>9} "
         f"{'% copy':>7} {'host us':>8} {'vs NumPy':>8}"
@@ -430,7 +410,8 @@ def save_json(results, path, backend):
         json.dump({"backend": backend, "results": records}, f, indent=1)
 
 
-def compare_json(results, path, out=sys.stdout):
+def compare_json(results, path, out=None):
+    out = out or sys.stdout
     with open(path) as f:
         old = {
             (

@@ -105,8 +105,7 @@ def _next_slot(s, tl, k, step, q, rr, K):
     return s, tl, k
 
 
-@device
-def _count(routemap, slot_rank, counts, part, done, T, K, E, ct):
+def _count_body(routemap, slot_rank, counts, part, done, T, K, E, ct):
     bits = cuda.shared.array(COUNT_BITS, uint32)
     rmt = cuda.shared.array(RMT, int32)
     smin = cuda.shared.array(2, int32)
@@ -216,8 +215,7 @@ def _load8(counts, c, c1, E, e, vals):
         vals[u] = counts[(c + u) * E + e] if c + u < c1 else 0
 
 
-@device
-def _scan(
+def _scan_body(
     counts,
     capacity,
     offsets,
@@ -370,48 +368,9 @@ def _scan(
             status[_abi.PERMUTE_ROWS_NEEDED] = -1
 
 
-def _count_kernel(routemap, slot_rank, counts, part, done, T, K, E, ct):
-    _count(routemap, slot_rank, counts, part, done, T, K, E, ct)
-
-
-def _scan_kernel(
-    counts,
-    capacity,
-    offsets,
-    lim,
-    ctot,
-    part,
-    routemap,
-    status,
-    done,
-    NC,
-    E,
-    A,
-    R,
-    T,
-    K,
-    override,
-    ex_dim,
-):
-    _scan(
-        counts,
-        capacity,
-        offsets,
-        lim,
-        ctot,
-        part,
-        routemap,
-        status,
-        done,
-        NC,
-        E,
-        A,
-        R,
-        T,
-        K,
-        override,
-        ex_dim,
-    )
+# count and scan run as kernels of their own and, for small calls, inlined into count_scan
+_count = device(_count_body)
+_scan = device(_scan_body)
 
 
 def _count_scan_kernel(
@@ -593,8 +552,8 @@ def _make_gather(hw, sw):
 # ------------------------------------------------------------------------------------------
 # kernels, compiled per signature on first use
 
-_count_jit = jit(_count_kernel)
-_scan_jit = jit(_scan_kernel)
+_count_jit = jit(_count_body)
+_scan_jit = jit(_scan_body)
 _count_scan_jit = jit(_count_scan_kernel)
 _gather_jit = {}
 _KERNELS = {}
@@ -652,8 +611,8 @@ def all_kernels():
     out = []
     for ri in (4, 8):
         rt = _RT[ri]
-        out.append((f"count_i{ri * 8}", _count_kernel, _count_sig(rt)))
-        out.append((f"scan_i{ri * 8}", _scan_kernel, _scan_sig(rt)))
+        out.append((f"count_i{ri * 8}", _count_body, _count_sig(rt)))
+        out.append((f"scan_i{ri * 8}", _scan_body, _scan_sig(rt)))
         out.append((f"count_scan_i{ri * 8}", _count_scan_kernel, _count_scan_sig(rt)))
         for hw in _copy.WIDTHS:
             for sw in _copy.WIDTHS[:3]:  # scale rows hold 4-byte elements
