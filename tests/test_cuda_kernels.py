@@ -250,7 +250,7 @@ def test_permute_one_expert_one_slot():
     run_permute(hidden, None, rm, probs, 1, [6], 1, do_gather=False, indices=False)
 
 
-@pytest.mark.parametrize("T", [32, 33])  # one chunk (count_scan), two chunks (count, scan)
+@pytest.mark.parametrize("T", [32, 33])  # 32: one chunk (count_scan when validate=False)
 def test_permute_one_block_and_chunked(T):
     rng = np.random.default_rng(T)
     K, E, H, A = 3, 4, 3, 2
