@@ -32,18 +32,20 @@ if config.ENABLE_CUDASIM:
 @pytest.fixture(autouse=True)
 def small_geometry(monkeypatch):
     """Tiny blocks: a chunk is at most 32 tokens and 128 routing ids, a count block sees 4
-    experts, a token block 4 destinations, a padding block 8 rows, a token's list 256 rows
-    (4 in one test), the unpermute's check runs 3 blocks of 16 threads (grid-stride)."""
+    experts, a gather warp has 4 lanes (4 destinations at a time) and holds 1 or 2 words per
+    lane (rows go in several batches), a padding group has 3 rows, 5 blocks take every item,
+    a token's list holds 256 rows (4 in one test), the unpermute's check runs 3 blocks of 16
+    threads (grid-stride)."""
     for name, value in dict(
         CT=32,
         ETILE=4,
         COUNT_BITS=4,
         COUNT_BD=16,
         SCAN_BD=64,
-        GATHER_BD=16,
-        MIN_BD=8,
-        PAD_ROWS=8,
-        DMAX=4,
+        LANES=4,
+        GATHER_BLOCKS=5,
+        BATCH_WORDS=(1, 2),
+        PAD_ROWS=3,
         RMT=128,
         NC_TARGET=2,
     ).items():

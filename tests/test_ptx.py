@@ -96,5 +96,5 @@ def test_every_launch_variant_is_listed():
     assert "init" in names
     for ri in (32, 64):
         assert {f"count_i{ri}", f"scan_i{ri}", f"count_scan_i{ri}", f"check_i{ri}"} <= names
-        assert sum(n.startswith("gather") and n.endswith(f"_i{ri}") for n in names) == 15
+        assert sum(n.startswith("gather") and n.endswith(f"_i{ri}") for n in names) == 24
         assert sum(n.startswith("combine") and n.endswith(f"_i{ri}") for n in names) == 44

@@ -70,3 +70,47 @@ def word_ops(width):
     if width == 16:
         return _ld16, _st16, _stz16
     return _ld, _st, _stz
+
+
+def batch_ops(width, n):
+    """(load, store) device functions that move ``n`` words per thread at once.
+
+    ``load(src, base, w, count, step, lo, hi)`` reads words ``w, w + step, ...`` of the
+    ``count`` words at ``src[base:]`` into the thread's arrays ``lo`` (and ``hi``: the upper
+    halves of 16-byte words; unused otherwise), clamping indices to the last word so that
+    all ``n`` loads are in flight together; ``store(dst, base, w, count, step, lo, hi)``
+    writes back those below ``count``. ``lo`` and ``hi`` are ``cuda.local.array(n, ...)``
+    of :data:`WORD_TYPE` ``[width]`` and uint64 (the loops unroll, the arrays live in
+    registers).
+    """
+    if width == 16:
+
+        @device
+        def load(src, base, w, count, step, lo, hi):
+            last = base + count - 1
+            for u in range(n):
+                v = ld16(src, min(base + w + u * step, last))
+                lo[u] = v[0]
+                hi[u] = v[1]
+
+        @device
+        def store(dst, base, w, count, step, lo, hi):
+            for u in range(n):
+                if w + u * step < count:
+                    st16(dst, base + w + u * step, lo[u], hi[u])
+
+    else:
+
+        @device
+        def load(src, base, w, count, step, lo, hi):
+            last = base + count - 1
+            for u in range(n):
+                lo[u] = src[min(base + w + u * step, last)]
+
+        @device
+        def store(dst, base, w, count, step, lo, hi):
+            for u in range(n):
+                if w + u * step < count:
+                    dst[base + w + u * step] = lo[u]
+
+    return load, store

@@ -95,6 +95,19 @@ def _current_device():
     return int(device)
 
 
+_GRIDDEP = {}
+
+
+def _griddep_capable(device):
+    """Whether ``device`` runs programmatic dependent launches (compute capability >= 9.0)."""
+    capable = _GRIDDEP.get(device)
+    if capable is None:
+        attribute = _driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+        err, major = _driver.cuDeviceGetAttribute(attribute, _driver.CUdevice(device))
+        capable = _GRIDDEP[device] = err == _driver.CUresult.CUDA_SUCCESS and major >= 9
+    return capable
+
+
 class Launcher:
     """Launches kernels on one stream of the current device (one per library call).
 
@@ -115,15 +128,23 @@ class Launcher:
             s = _STREAMS[key] = Stream.from_handle(self.handle)
         self.stream = s
 
-    def __call__(self, kernel, grid, block, args, shmem=0):
-        """Launch ``kernel`` (a :class:`RawKernel`) with ``args`` (ints or simulator arrays)."""
+    def __call__(self, kernel, grid, block, args, shmem=0, after_own=False):
+        """Launch ``kernel`` (a :class:`RawKernel`) with ``args`` (ints or simulator arrays).
+
+        ``after_own=True``: the kernel ahead of it in the stream is one of this call's, and
+        ``kernel`` waits for it where it needs to (:mod:`._griddep`); on sm_90 and newer it
+        may then start before that kernel ends.
+        """
         if SIM:
             kernel.dispatcher[grid, block, 0, shmem](*args)
             return
-        key = (grid, block, shmem)
+        overlap = after_own and _griddep_capable(self.device)
+        key = (grid, block, shmem, overlap)
         launch_config = _CONFIGS.get(key)
         if launch_config is None:
             if len(_CONFIGS) > 4096:  # grids vary with the token count: keep the cache bounded
                 _CONFIGS.clear()
-            launch_config = _CONFIGS[key] = LaunchConfig(grid=grid, block=block, shmem_size=shmem)
+            launch_config = _CONFIGS[key] = LaunchConfig(
+                grid=grid, block=block, shmem_size=shmem, programmatic_stream_serialization=overlap
+            )
         launch(self.stream, launch_config, kernel.cu_kernel(self.device), *args)

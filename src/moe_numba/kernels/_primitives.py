@@ -52,6 +52,11 @@ if not SIM:
         return cuda.atomic.min(carray(ptr, i + 1), i, v)
 
     @device
+    def syncwarp():
+        """``__syncwarp()``: the warp's threads meet, their memory accesses ordered."""
+        cuda.syncwarp()
+
+    @device
     def load_cg(array, i):
         """``array[i]`` read from L2 (``ld.global.cg``): sees other blocks' writes of this
         launch once they are published (threadfence + atomic ticket)."""
@@ -120,6 +125,12 @@ else:
     def atomic_min(ptr, i, v):
         """``cuda.atomic.min`` on element ``i`` (the simulator passes arrays)."""
         return cuda.atomic.min(ptr, i, v)
+
+    @device
+    def syncwarp():
+        """The simulator has no warps: kernels that call this launch blocks of one warp
+        there, so the block barrier stands in for the warp's."""
+        cuda.syncthreads()
 
     @device
     def load_cg(array, i):

@@ -36,11 +36,12 @@ Every scratch word is written before it is read; every output element is written
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, int32, int64, uint32
+from numba import cuda, int32, int64, uint32, uint64
 from numba.cuda import types
 
 from .. import _abi
 from . import _copy
+from . import _griddep as griddep
 from ._buffer import carve
 from ._launch import SIM, Launcher, RawKernel, jit
 from ._primitives import (
@@ -51,6 +52,7 @@ from ._primitives import (
     block_min_i64,
     device,
     load_cg,
+    syncwarp,
 )
 from ._status import StatusWords
 
@@ -60,10 +62,11 @@ CT = 256  # most tokens per count chunk (a multiple of 32; see _chunk_tokens)
 ETILE = 1024  # experts per count block: shared bitmap of ETILE * CT / 32 words (32 KiB)
 COUNT_BD = 256  # threads of a count block
 SCAN_BD = 256  # threads of a scan block
-GATHER_BD = 128  # most threads of a gather block (measured: 128 > 256 > 512 on an H200)
-MIN_BD = 32  # fewest threads of a gather block (a warp)
-PAD_ROWS = 16  # rows one padding block checks (padding blocks come first in the grid)
-DMAX = 64  # destinations a token block handles at once (K > DMAX: several passes)
+LANES = 32  # threads of a gather worker: a warp (the simulator's tests shrink it)
+WARPS = 1 if SIM else 4  # gather workers per block (the simulator's warps are whole blocks)
+GATHER_BLOCKS = 1 << 30  # most gather blocks (workers then take several items)
+BATCH_WORDS = (4, 8, 16, 28)  # hidden words a gather thread may hold at once (rising)
+PAD_ROWS = 32  # rows of a padding group (at most LANES; the groups come first)
 COUNT_BITS = ETILE * (CT // 32)  # size of the count block's shared bitmap (uint32 words)
 RMT = 2048  # routing ids a count block stages in shared memory (8 KiB; 32 KiB bitmap)
 NC_TARGET = 128  # count chunks to aim for
@@ -106,6 +109,7 @@ def _next_slot(s, tl, k, step, q, rr, K):
 
 
 def _count_body(routemap, slot_rank, counts, part, done, T, K, E, ct):
+    griddep.trigger()  # the scan (or gather) may launch now: it waits for this kernel
     bits = cuda.shared.array(COUNT_BITS, uint32)
     rmt = cuda.shared.array(RMT, int32)
     smin = cuda.shared.array(2, int32)
@@ -238,6 +242,8 @@ def _scan_body(
     tmp = cuda.shared.array(TMP_WORDS, int64)
     last = cuda.shared.array(1, int32)
     vals = cuda.local.array(8, int32)
+    griddep.trigger()
+    griddep.wait()  # (the counts)
     tid = int64(cuda.threadIdx.x)
     bd = int64(cuda.blockDim.x)
     nb = int64(cuda.gridDim.x)
@@ -418,14 +424,21 @@ def _count_scan_kernel(
     )
 
 
-def _make_gather(hw, sw):
-    """The gather kernel body for hidden words of ``hw`` bytes and scale words of ``sw``.
+def _make_gather(hw, sw, nb):
+    """The gather kernel body for hidden words of ``hw`` bytes, scale words of ``sw`` and
+    ``nb`` hidden words per thread at a time.
 
-    A token's block loads its first hidden words before it works out its rows, so that
-    load's latency overlaps the dependent loads of the placement.
+    Every warp is a worker that takes items (padding groups first, then tokens) in grid
+    stride. A token's warp loads the first ``nb * LANES`` words of its hidden row (the whole
+    row, for rows up to ``28 * 32`` 16-byte words) before it works out its rows, so that the
+    loads' latency overlaps the dependent loads of the placement, then stores them to each
+    of the token's rows. Reading the row in big batches matters: an H200 mixes the few reads
+    into the many writes badly when they come in small pieces.
     """
-    ldh, sth, stzh = _copy.word_ops(hw)
     lds, sts, stzs = _copy.word_ops(sw)
+    stzh = _copy.word_ops(hw)[2]
+    load, store = _copy.batch_ops(hw, nb)
+    lo_t = _copy.WORD_TYPE[hw]
 
     def gather(
         hidden,
@@ -450,101 +463,92 @@ def _make_gather(hw, sw):
         has_indices,
         ct,
     ):
-        dest = cuda.shared.array(DMAX, int64)
-        flags = cuda.shared.array(PAD_ROWS, int32)
-        tid = cuda.threadIdx.x
-        bd = cuda.blockDim.x
+        dest = cuda.shared.array((WARPS, LANES), int64)
+        lo = cuda.local.array(nb, lo_t)
+        hi = cuda.local.array(nb, uint64)
+        lane = int64(cuda.threadIdx.x) % LANES
+        wb = int64(cuda.threadIdx.x) // LANES
         npad = (R + PAD_ROWS - 1) // PAD_ROWS
-        b = int64(cuda.blockIdx.x)
-        if b >= npad:
-            t = b - npad
-            chunk = t // ct
-            if hnw > 0:
-                p0 = ldh(hidden, t * hnw + min(int64(tid), hnw - 1))
-                p1 = ldh(hidden, t * hnw + min(int64(tid) + bd, hnw - 1))
-            for e in range(tid, E, bd):  # the token's rowmap row: -1, then its rows below
-                rowmap[t * E + e] = -1
-            cuda.syncthreads()
-            for kb in range(0, K, DMAX):
-                nk = min(int64(DMAX), K - kb)
-                for j in range(tid, nk, bd):
-                    g = t * K + kb + j
-                    d = int64(-1)
-                    rank = slot_rank[g]
-                    e = int64(routemap[g])  # (loaded with the rank, not after it)
-                    if rank >= 0:
-                        row = offsets[e] + counts[chunk * E + e] + rank
-                        if row < lim[e]:
-                            d = row
-                            rowmap[t * E + e] = row
-                            out_probs[row] = probs[g]
-                            if has_indices != 0:
-                                out_indices[row] = e
-                    dest[j] = d
-                cuda.syncthreads()
+        item = int64(cuda.blockIdx.x) * WARPS + wb
+        stride = int64(cuda.gridDim.x) * WARPS
+        while item < npad + T:
+            if item >= npad:
+                t = item - npad
+                chunk = t // ct
+                src = t * hnw
                 if hnw > 0:
-                    src = t * hnw
-                    w = int64(tid)
-                    while w < hnw:
-                        w1 = w + bd
-                        if kb == 0 and w == tid:
-                            v0 = p0
-                            v1 = p1
+                    load(hidden, src, lane, hnw, LANES, lo, hi)
+                for e in range(lane, E, LANES):  # the token's rowmap row: -1, then its rows
+                    rowmap[t * E + e] = -1
+                griddep.wait()  # (the scan's offsets and limits)
+                syncwarp()
+                for kb in range(0, K, LANES):
+                    nk = min(LANES, K - kb)
+                    d = int64(-1)
+                    if lane < nk:
+                        g = t * K + kb + lane
+                        rank = slot_rank[g]
+                        e = int64(routemap[g])  # (loaded with the rank, not after it)
+                        if rank >= 0:
+                            row = offsets[e] + counts[chunk * E + e] + rank
+                            if row < lim[e]:
+                                d = row
+                                rowmap[t * E + e] = row
+                                out_probs[row] = probs[g]
+                                if has_indices != 0:
+                                    out_indices[row] = e
+                    dest[wb, lane] = d
+                    syncwarp()
+                    if hnw > 0:
+                        if kb > 0:
+                            load(hidden, src, lane, hnw, LANES, lo, hi)
+                        w = lane
+                        while True:
+                            for j in range(nk):
+                                d = dest[wb, j]
+                                if d >= 0:
+                                    store(out_hidden, d * hnw, w, hnw, LANES, lo, hi)
+                            w += nb * LANES
+                            if w >= hnw:
+                                break
+                            load(hidden, src, w, hnw, LANES, lo, hi)
+                    for w in range(lane, snw, LANES):
+                        x = lds(scale, t * snw + w)
+                        for j in range(nk):
+                            d = dest[wb, j]
+                            if d >= 0:
+                                sts(out_scale, d * snw + w, x)
+                    syncwarp()  # (dest is rewritten next)
+            else:
+                # a padding group: one row per lane; is it a row that holds no token?
+                griddep.wait()
+                r = item * PAD_ROWS + lane
+                pad = int64(0)
+                if lane < PAD_ROWS and r < R:
+                    lo_e = int64(0)
+                    hi_e = E
+                    while hi_e - lo_e > 1:
+                        mid = (lo_e + hi_e) >> 1
+                        if offsets[mid] <= r:
+                            lo_e = mid
                         else:
-                            v0 = ldh(hidden, src + w)
-                            v1 = v0
-                            if w1 < hnw:
-                                v1 = ldh(hidden, src + w1)
-                        j = int64(0)
-                        while j < nk:
-                            d = dest[j]
-                            if d >= 0:
-                                o = d * hnw + w
-                                sth(out_hidden, o, v0)
-                                if w1 < hnw:
-                                    sth(out_hidden, o + bd, v1)
-                            j += 1
-                        w += 2 * bd
-                if snw > 0:
-                    src = t * snw
-                    w = int64(tid)
-                    while w < snw:
-                        v = lds(scale, src + w)
-                        j = int64(0)
-                        while j < nk:
-                            d = dest[j]
-                            if d >= 0:
-                                sts(out_scale, d * snw + w, v)
-                            j += 1
-                        w += bd
-                cuda.syncthreads()
-        else:
-            r0 = b * PAD_ROWS
-            nr = min(int64(PAD_ROWS), R - r0)
-            for i in range(tid, nr, bd):
-                r = r0 + i
-                lo = int64(0)
-                hi = E
-                while hi - lo > 1:
-                    mid = (lo + hi) >> 1
-                    if offsets[mid] <= r:
-                        lo = mid
-                    else:
-                        hi = mid
-                pad = r >= lim[lo]
-                flags[i] = 1 if pad else 0
-                if pad:
-                    out_probs[r] = 0
-                    if has_indices != 0:
-                        out_indices[r] = -1
-            cuda.syncthreads()
-            for i in range(nr):
-                if flags[i] != 0:
-                    r = r0 + i
-                    for w in range(tid, hnw, bd):
-                        stzh(out_hidden, r * hnw + w)
-                    for w in range(tid, snw, bd):
-                        stzs(out_scale, r * snw + w)
+                            hi_e = mid
+                    if r >= lim[lo_e]:
+                        pad = 1
+                        out_probs[r] = 0
+                        if has_indices != 0:
+                            out_indices[r] = -1
+                dest[wb, lane] = pad
+                syncwarp()
+                for i in range(PAD_ROWS):
+                    if dest[wb, i] != 0:
+                        r = item * PAD_ROWS + i
+                        for w in range(lane, hnw, LANES):
+                            stzh(out_hidden, r * hnw + w)
+                        for w in range(lane, snw, LANES):
+                            stzs(out_scale, r * snw + w)
+                syncwarp()
+            item += stride
 
     return gather
 
@@ -581,11 +585,30 @@ def _gather_sig(hw, sw, rt):
     )
 
 
-def _gather_dispatcher(hw, sw):
-    d = _gather_jit.get((hw, sw))
+def _gather_dispatcher(hw, sw, nb):
+    d = _gather_jit.get((hw, sw, nb))
     if d is None:
-        d = _gather_jit[(hw, sw)] = jit(_make_gather(hw, sw))
+        d = _gather_jit[(hw, sw, nb)] = jit(_make_gather(hw, sw, nb))
     return d
+
+
+def _gather_variants():
+    """(hidden word width, scale word width, words per batch) of every gather kernel."""
+    for hw in _copy.WIDTHS:
+        for sw in _copy.WIDTHS[:3]:  # scale rows hold 4-byte elements
+            for nb in BATCH_WORDS if hw == 16 else BATCH_WORDS[:1]:
+                yield hw, sw, nb
+
+
+def _batch_words(hw, hnw):
+    """Hidden words a gather thread holds at once: the fewest of BATCH_WORDS that take the
+    whole row (16-byte words; narrower words come from odd rows: the smallest batch)."""
+    if hw != 16:
+        return BATCH_WORDS[0]
+    for nb in BATCH_WORDS:
+        if nb * LANES >= hnw:
+            return nb
+    return BATCH_WORDS[-1]
 
 
 def _kernel(name, *key):
@@ -598,9 +621,11 @@ def _kernel(name, *key):
         elif name == "count_scan":
             k = RawKernel(_count_scan_jit, _count_scan_sig(_RT[key[0]]), "count_scan")
         else:
-            hw, sw, ri = key
+            hw, sw, nb, ri = key
             k = RawKernel(
-                _gather_dispatcher(hw, sw), _gather_sig(hw, sw, _RT[ri]), f"gather_h{hw}_s{sw}"
+                _gather_dispatcher(hw, sw, nb),
+                _gather_sig(hw, sw, _RT[ri]),
+                f"gather_h{hw}_s{sw}_b{nb}",
             )
         _KERNELS[(name, key)] = k
     return k
@@ -614,10 +639,9 @@ def all_kernels():
         out.append((f"count_i{ri * 8}", _count_body, _count_sig(rt)))
         out.append((f"scan_i{ri * 8}", _scan_body, _scan_sig(rt)))
         out.append((f"count_scan_i{ri * 8}", _count_scan_kernel, _count_scan_sig(rt)))
-        for hw in _copy.WIDTHS:
-            for sw in _copy.WIDTHS[:3]:  # scale rows hold 4-byte elements
-                fn = _gather_dispatcher(hw, sw).py_func
-                out.append((f"gather_h{hw}_s{sw}_i{ri * 8}", fn, _gather_sig(hw, sw, rt)))
+        for hw, sw, nb in _gather_variants():
+            fn = _gather_dispatcher(hw, sw, nb).py_func
+            out.append((f"gather_h{hw}_s{sw}_b{nb}_i{ri * 8}", fn, _gather_sig(hw, sw, rt)))
     return out
 
 
@@ -630,14 +654,6 @@ def _arg(buf, dtype):
     if buf is None:
         return np.zeros(2, dtype) if SIM else 0
     return buf.kernel_arg(dtype)
-
-
-def _gather_block(words):
-    """Threads of a gather block for rows of ``words`` words (two words per thread a pass)."""
-    bd = MIN_BD
-    while bd < GATHER_BD and bd * 2 < words:
-        bd *= 2
-    return bd
 
 
 def _chunk_tokens(T, K):
@@ -756,18 +772,19 @@ def permute(
             SCAN_BD,
             (counts, capacity, offsets, lim, ctot, part, rm, status_arg, done)
             + (nc, E, int(alignment), R, T, K, override, ex_dim),
+            after_own=T > 0,
         )
 
     if status is not None:
         status.written()
 
-    blocks = T + -(-R // PAD_ROWS)
-    if blocks > 0:
+    items = T + -(-R // PAD_ROWS)
+    if items > 0:
         hd, sd = _copy.WORD_DTYPE[hw], _copy.WORD_DTYPE[sw]
         launch(
-            _kernel("gather", hw, sw, ri),
-            blocks,
-            _gather_block(max(hnw, snw)),
+            _kernel("gather", hw, sw, _batch_words(hw, hnw), ri),
+            min(-(-items // WARPS), GATHER_BLOCKS),
+            WARPS * LANES,
             (
                 _arg(hidden if hnw else None, hd),
                 _arg(scale if snw else None, sd),
@@ -791,5 +808,6 @@ def permute(
                 0 if out_indices is None else 1,
                 ct,
             ),
+            after_own=True,
         )
     return status

@@ -32,6 +32,7 @@ from numba.cuda import types
 
 from .. import _abi
 from . import _convert as cv
+from . import _griddep as griddep
 from ._buffer import carve
 from ._copy import word_ops, word_width
 from ._launch import Launcher, RawKernel, jit
@@ -348,6 +349,7 @@ def _check_body(rowmap, routemap, minima, status, T, R, E, K):
     """Validation (``validate=True``), before combine: the smallest rowmap entry outside
     [-1, R) and routing slot outside [-1, E), grid-stride; each block folds its minima into
     ``minima`` (atomic min) and takes a ticket; the last block writes the status words."""
+    griddep.trigger()  # the combine may launch now (it needs nothing of this kernel's)
     tmp = cuda.shared.array(TMP_WORDS, int64)
     tid = int64(cuda.threadIdx.x)
     nb = int64(cuda.gridDim.x)
@@ -355,6 +357,7 @@ def _check_body(rowmap, routemap, minima, status, T, R, E, K):
     stride = nb * int64(cuda.blockDim.x)
     bad_row = block_min_i64(_first_bad(rowmap, T * E, -1, R, start, stride), tmp)
     bad_id = block_min_i64(_first_bad(routemap, T * K, -1, E, start, stride), tmp)
+    griddep.wait()  # (init's minima)
     if tid == 0:
         if bad_row != BIG:
             atomic_min(minima, _BAD_ROW, bad_row)
@@ -503,7 +506,13 @@ def unpermute(
         launch(_kernel("init"), 1, 32, (minima,))
         n = max(T * E, T * K)
         blocks = max(1, min(CHECK_BLOCKS, -(-n // CHECK_BD)))
-        launch(_kernel("check", ri), blocks, CHECK_BD, (rmap, rm, minima, status.arg, T, R, E, K))
+        launch(
+            _kernel("check", ri),
+            blocks,
+            CHECK_BD,
+            (rmap, rm, minima, status.arg, T, R, E, K),
+            after_own=True,
+        )
         status.written()
     if T > 0:
         launch(
@@ -522,6 +531,7 @@ def unpermute(
                 K,
                 nw,
             ),
+            after_own=validate,  # (after check, whose results it does not read)
         )
     return status
 
