@@ -16,21 +16,26 @@ the host waits for an event recorded after ``scan``, see :mod:`._status`):
            all status words.
 ``count_scan`` instead of both for small calls with ``validate=False`` (``T <= CT``,
            ``E <= ETILE``): one block counts the only chunk, then scans (one launch fewer).
-``gather`` one block per ``PAD_ROWS`` rows (first, so they overlap the copies), then one
-           block per token. A padding block finds the rows it covers that hold no token
-           (binary search of the offsets) and zeroes them. A token's block turns each
-           counting slot into its row (``offset_e + chunk base + rank``, kept when below
-           ``lim_e``), writes the token's rowmap row (-1, then its rows), probs and expert
-           index of each of its rows, and copies the token's hidden row (and scale row) once
-           from memory to each of its rows, with the widest word the row allows (16-byte
+``gather`` warps as workers, one item at a time: first the padding groups of ``PAD_ROWS``
+           rows (so they overlap the copies), then the tokens. A padding group's warp finds
+           the rows it covers that hold no token (binary search of the offsets) and zeroes
+           them. A token's warp loads its hidden row (up to ``28 * 32`` 16-byte words at
+           once, into registers), turns each counting slot into its row (``offset_e + chunk
+           base + rank``, kept when below ``lim_e``), writes the token's rowmap row (-1, then
+           its rows), probs and expert index of each of its rows, and stores the hidden row
+           (and scale row) to each of its rows, with the widest word the row allows (16-byte
            vector accesses).
+
+``scan`` and ``gather`` are launched as programmatic dependents (:mod:`._griddep`, sm_90
+and newer): each may start while the kernel ahead of it runs and waits for it only before
+it reads its results, so the gather's first row loads overlap the scan.
 
 The copy is token-major: each input row is read once and written K times, which is the
 byte count of the contract (a row-major gather over the output would read every input row
 K times from DRAM).
 
 Every scratch word is written before it is read; every output element is written once
-(a rowmap entry of a placed token twice, -1 then its row, by the same block).
+(a rowmap entry of a placed token twice, -1 then its row, by the same warp).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@
              block finds its smallest rowmap entry outside [-1, R) and routing slot outside
              [-1, E), folds them into the minima (atomic min) and takes a ticket; the block
              that takes the last ticket writes the status words. The host waits for this
-             kernel only (:mod:`._status`), not for the combine.
+             kernel only (:mod:`._status`), not for the combine, which is launched as its
+             programmatic dependent (:mod:`._griddep`): it needs nothing of check's and
+             may run alongside it.
 ``combine``  one block per token. The block reads the token's rowmap row (each thread a
              contiguous group of experts) and places its valid rows (``0 <= rowmap[t, e] <
              R``) in ascending expert order into a shared list (one block scan of the group
