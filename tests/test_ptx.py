@@ -45,11 +45,11 @@ def _kernels():
 _ALL = _kernels()
 
 
-def _compile(fn, sig):
+def _compile(fn, sig, cc=(9, 0)):
     from numba import cuda
 
     try:
-        return cuda.compile_ptx(fn, sig, cc=(9, 0))[0]
+        return cuda.compile_ptx(fn, sig, cc=cc)[0]
     except Exception as error:  # no NVVM/NVRTC here
         if type(error).__name__ in ("DynamicLibNotFoundError", "NvvmSupportError"):
             pytest.skip(f"CUDA compiler libraries not installed: {error}")
@@ -87,6 +87,32 @@ def test_kernel_compiles(name, fn, sig):
         weighted = re.search(r"_d\d_(\d)", name).group(1) == "1"
         assert ("fma.rn.f32" in ptx) == weighted, "multiply-add outside the weighted combine"
         assert not re.search(r"\bmul(\.rn)?\.f32", ptx), "float multiply in the combine"
+
+
+# kernels launched as programmatic dependents wait before they read the kernel ahead's
+# results; kernels followed by one of this package's let it start early
+_WAITS = ("scan", "count_scan", "gather", "check")
+_TRIGGERS = ("count", "scan", "count_scan", "check")
+
+
+def _kind(name):
+    """A kernel's name without its variant suffixes (``count_scan_i32`` -> ``count_scan``)."""
+    if name.startswith(("count", "scan", "check")):
+        return name.rsplit("_i", 1)[0]
+    return name.split("_")[0]
+
+
+_ONE_OF_EACH_KIND = list({_kind(k[0]): k for k in reversed(_ALL)}.values())
+
+
+@real_target
+@pytest.mark.parametrize("name,fn,sig", _ONE_OF_EACH_KIND, ids=[k[0] for k in _ONE_OF_EACH_KIND])
+def test_dependent_launch_instructions_on_sm90_only(name, fn, sig):
+    kind = _kind(name)
+    sm90 = _body(_compile(fn, sig))
+    assert ("griddepcontrol.wait" in sm90) == (kind in _WAITS)
+    assert ("griddepcontrol.launch_dependents" in sm90) == (kind in _TRIGGERS)
+    assert "griddepcontrol" not in _body(_compile(fn, sig, cc=(8, 0)))
 
 
 @real_target
