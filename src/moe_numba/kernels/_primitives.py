@@ -18,7 +18,7 @@ Rules for every function here (both versions):
 
 from __future__ import annotations
 
-from numba import config, cuda
+from numba import config, cuda, int64
 
 SIM = bool(config.ENABLE_CUDASIM)
 
@@ -35,6 +35,18 @@ def device(fn):
     if SIM:
         return cuda.jit(device=True)(fn)
     return cuda.jit(device=True, forceinline=True)(fn)
+
+
+@device
+def store_found(status, at, index, values):
+    """Status words ``at`` and ``at + 1``: a found ``index`` and ``values[index]``, or -1 and
+    -1 when nothing was found (``index == BIG``)."""
+    if index == BIG:
+        status[at] = -1
+        status[at + 1] = -1
+    else:
+        status[at] = index
+        status[at + 1] = int64(values[index])
 
 
 if not SIM:

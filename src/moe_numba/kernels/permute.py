@@ -57,6 +57,7 @@ from ._primitives import (
     block_min_i64,
     device,
     load_cg,
+    store_found,
     syncwarp,
 )
 from ._status import StatusWords
@@ -355,18 +356,8 @@ def _scan_body(
     bad = block_min_i64(bad, tmp)
     rep = block_min_i64(rep, tmp)
     if tid == 0:
-        if bad == BIG:
-            status[_abi.PERMUTE_BAD_ID] = -1
-            status[_abi.PERMUTE_BAD_ID_VALUE] = -1
-        else:
-            status[_abi.PERMUTE_BAD_ID] = bad
-            status[_abi.PERMUTE_BAD_ID_VALUE] = int64(routemap[bad])
-        if rep == BIG:
-            status[_abi.PERMUTE_DUPLICATE] = -1
-            status[_abi.PERMUTE_DUPLICATE_VALUE] = -1
-        else:
-            status[_abi.PERMUTE_DUPLICATE] = rep
-            status[_abi.PERMUTE_DUPLICATE_VALUE] = int64(routemap[rep])
+        store_found(status, _abi.PERMUTE_BAD_ID, bad, routemap)
+        store_found(status, _abi.PERMUTE_DUPLICATE, rep, routemap)
         if mismatch == BIG:
             status[_abi.PERMUTE_MISMATCH] = -1
             status[_abi.PERMUTE_MISMATCH_COUNT] = -1

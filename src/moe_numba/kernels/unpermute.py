@@ -46,6 +46,7 @@ from ._primitives import (
     block_exclusive_scan_i64,
     block_min_i64,
     device,
+    store_found,
 )
 from ._status import StatusWords
 
@@ -311,22 +312,6 @@ def _valid(r, R):
 
 
 @device
-def _write_status(status, rowmap, routemap, bad_row, bad_id):
-    if bad_id == BIG:
-        status[_abi.UNPERMUTE_BAD_ID] = -1
-        status[_abi.UNPERMUTE_BAD_ID_VALUE] = -1
-    else:
-        status[_abi.UNPERMUTE_BAD_ID] = bad_id
-        status[_abi.UNPERMUTE_BAD_ID_VALUE] = int64(routemap[bad_id])
-    if bad_row == BIG:
-        status[_abi.UNPERMUTE_BAD_ROW] = -1
-        status[_abi.UNPERMUTE_BAD_ROW_VALUE] = -1
-    else:
-        status[_abi.UNPERMUTE_BAD_ROW] = bad_row
-        status[_abi.UNPERMUTE_BAD_ROW_VALUE] = int64(rowmap[bad_row])
-
-
-@device
 def _first_bad(values, n, low, high, start, stride):
     """Smallest index ``i = start + j * stride < n`` with ``values[i]`` outside
     ``[low, high)``, or BIG."""
@@ -368,13 +353,8 @@ def _check_body(rowmap, routemap, minima, status, T, R, E, K):
         cuda.threadfence()
         if atomic_add(minima, _TICKET, 1) == nb - 1:
             cuda.threadfence()
-            _write_status(
-                status,
-                rowmap,
-                routemap,
-                atomic_min(minima, _BAD_ROW, BIG),
-                atomic_min(minima, _BAD_ID, BIG),
-            )
+            store_found(status, _abi.UNPERMUTE_BAD_ID, atomic_min(minima, _BAD_ID, BIG), routemap)
+            store_found(status, _abi.UNPERMUTE_BAD_ROW, atomic_min(minima, _BAD_ROW, BIG), rowmap)
 
 
 # ------------------------------------------------------------------------------------------
