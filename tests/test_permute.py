@@ -16,6 +16,7 @@ from _cases import (
     random_routing,
 )
 from moe_numba import _oracle, moe_permute
+from moe_numba._demo import docs_example_inputs
 
 OUTPUT_NAMES = (
     "hidden_states_unzipped",
@@ -72,13 +73,7 @@ def check_against_oracle(
 
 def test_paddle_docs_example(backend):
     """3 tokens, H=128, topk 8, 3 experts, tokens_per_expert [1, 2, 1], alignment 2."""
-    rng = np.random.default_rng(0)
-    hidden = rng.standard_normal((3, 128)).astype(ml_dtypes.bfloat16)
-    routemap = np.full((3, 8), -1, dtype=np.int32)
-    routemap[0, [1, 5]] = [2, 0]
-    routemap[1, 3] = 1
-    routemap[2, 0] = 1
-    probs = random_probs(rng, (3, 8))
+    hidden, routemap, probs = docs_example_inputs()
     rows, rowmap, row_probs, scale, indices = check_against_oracle(
         backend, hidden, None, routemap, probs, 3, [1, 2, 1], 2, return_expert_indices=True
     )

@@ -28,8 +28,15 @@ def _check(name, actual, expected):
     return ok
 
 
-def _docs_example(move):
-    """3 tokens, H=128, topk 8, 3 experts, tokens_per_expert [1, 2, 1], alignment 2."""
+def docs_example_inputs():
+    """The example of Paddle's docs: 3 tokens, H=128, topk 8, 3 experts, tokens_per_expert
+    [1, 2, 1], alignment 2 (random bf16 rows and probabilities, seed 0).
+
+    Returns
+    -------
+    tuple
+        ``(hidden, routemap, probs)`` NumPy arrays.
+    """
     rng = np.random.default_rng(0)
     hidden = rng.standard_normal((3, 128)).astype(ml_dtypes.bfloat16)
     routemap = np.full((3, 8), -1, dtype=np.int32)
@@ -37,6 +44,11 @@ def _docs_example(move):
     routemap[1, 3] = 1
     routemap[2, 0] = 1
     probs = rng.random((3, 8), dtype=np.float32)
+    return hidden, routemap, probs
+
+
+def _docs_example(move):
+    hidden, routemap, probs = docs_example_inputs()
     outputs = moe_permute(move(hidden), None, move(routemap), move(probs), 3, [1, 2, 1], 2)
     outputs = [to_host(x) for x in outputs]
     print("docs example: 3 tokens, 3 experts, tokens_per_expert [1, 2, 1], alignment 2")
