@@ -99,12 +99,19 @@ _GRIDDEP = {}
 
 
 def _griddep_capable(device):
-    """Whether ``device`` runs programmatic dependent launches (compute capability >= 9.0)."""
+    """Whether ``device`` runs programmatic dependent launches (compute capability >= 9.0)
+    and this ``cuda.core`` can ask for them."""
     capable = _GRIDDEP.get(device)
     if capable is None:
         attribute = _driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
         err, major = _driver.cuDeviceGetAttribute(attribute, _driver.CUdevice(device))
-        capable = _GRIDDEP[device] = err == _driver.CUresult.CUDA_SUCCESS and major >= 9
+        capable = err == _driver.CUresult.CUDA_SUCCESS and major >= 9
+        if capable:
+            try:  # (older cuda.core releases have no such option)
+                LaunchConfig(grid=1, block=32, programmatic_stream_serialization=True)
+            except TypeError:
+                capable = False
+        _GRIDDEP[device] = capable
     return capable
 
 
@@ -144,7 +151,8 @@ class Launcher:
         if launch_config is None:
             if len(_CONFIGS) > 4096:  # grids vary with the token count: keep the cache bounded
                 _CONFIGS.clear()
+            options = {"programmatic_stream_serialization": True} if overlap else {}
             launch_config = _CONFIGS[key] = LaunchConfig(
-                grid=grid, block=block, shmem_size=shmem, programmatic_stream_serialization=overlap
+                grid=grid, block=block, shmem_size=shmem, **options
             )
         launch(self.stream, launch_config, kernel.cu_kernel(self.device), *args)
