@@ -2,7 +2,8 @@
 
 numba's dispatcher costs 25-260 us of host time per launch (argument typing, DLPack exports,
 a context lookup); a kernel compiled for an explicit signature of ``CPointer``s and int64
-scalars and launched with ``cuda.core.launch`` costs 5-8 us (notes/launch-overhead.md).
+scalars and launched with ``cuda.core.launch`` costs 5-8 us (measured on an H200, see
+docs/performance.rst).
 So every kernel of this package is
 
 - a lazy ``@cuda.jit`` dispatcher (nothing compiles at import),
