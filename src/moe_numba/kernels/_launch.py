@@ -21,6 +21,7 @@ signature.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import config, cuda
 
 from .._errors import INSTALL_GPU_EXTRA, MISSING_TOOLKIT_ERRORS, GPUUnavailableError
@@ -41,6 +42,15 @@ def jit(fn, max_registers=None):
     if SIM or max_registers is None:
         return cuda.jit(fn)
     return cuda.jit(max_registers=max_registers)(fn)
+
+
+def optional_arg(buf, dtype):
+    """The argument for a pointer parameter of element type ``dtype`` whose buffer may be
+    absent: ``buf.kernel_arg(dtype)``, or for None a null pointer (in the simulator, a small
+    dummy array)."""
+    if buf is None:
+        return np.zeros(2, dtype) if SIM else 0
+    return buf.kernel_arg(dtype)
 
 
 class RawKernel:

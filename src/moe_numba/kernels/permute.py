@@ -48,7 +48,7 @@ from .. import _abi
 from . import _copy
 from . import _griddep as griddep
 from ._buffer import carve
-from ._launch import SIM, Launcher, RawKernel, jit
+from ._launch import SIM, Launcher, RawKernel, jit, optional_arg
 from ._primitives import (
     BIG,
     TMP_WORDS,
@@ -645,13 +645,6 @@ def all_kernels():
 # host side
 
 
-def _arg(buf, dtype):
-    """Kernel argument for an optional buffer (None: a null pointer / a dummy array)."""
-    if buf is None:
-        return np.zeros(2, dtype) if SIM else 0
-    return buf.kernel_arg(dtype)
-
-
 def _chunk_tokens(T, K):
     """Tokens per count chunk: about NC_TARGET chunks (parallel count blocks, a short scan),
     at most CT, and small enough that the chunk's routing ids fit in shared memory."""
@@ -742,7 +735,7 @@ def permute(
         status_arg = status_scratch
 
     override = 1 if capacity is None else 0
-    capacity = _arg(capacity, np.int64)
+    capacity = optional_arg(capacity, np.int64)
     if one_block:
         launch(
             _kernel("count_scan", ri),
@@ -782,19 +775,19 @@ def permute(
             min(-(-items // WARPS), GATHER_BLOCKS),
             WARPS * LANES,
             (
-                _arg(hidden if hnw else None, hd),
-                _arg(scale if snw else None, sd),
+                optional_arg(hidden if hnw else None, hd),
+                optional_arg(scale if snw else None, sd),
                 rm,
                 probs.kernel_arg(np.uint32),
                 ranks,
                 counts,
                 offsets,
                 lim,
-                _arg(out_hidden if hnw else None, hd),
-                _arg(out_scale if snw else None, sd),
+                optional_arg(out_hidden if hnw else None, hd),
+                optional_arg(out_scale if snw else None, sd),
                 rowmap,
-                _arg(out_probs if R else None, np.uint32),
-                _arg(out_indices if (out_indices is not None and R) else None, np.int32),
+                optional_arg(out_probs if R else None, np.uint32),
+                optional_arg(out_indices if (out_indices is not None and R) else None, np.int32),
                 T,
                 K,
                 E,

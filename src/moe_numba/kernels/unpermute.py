@@ -37,7 +37,7 @@ from . import _convert as cv
 from . import _griddep as griddep
 from ._buffer import carve
 from ._copy import word_ops, word_width
-from ._launch import Launcher, RawKernel, jit
+from ._launch import Launcher, RawKernel, jit, optional_arg
 from ._primitives import (
     BIG,
     TMP_WORDS,
@@ -502,10 +502,10 @@ def unpermute(
             T,
             _combine_block(nw),
             (
-                rows.kernel_arg(wd) if R else _dummy(wd),
+                optional_arg(rows if R else None, wd),
                 rmap,
                 rm,
-                probs.kernel_arg(np.float32) if R else _dummy(np.float32),
+                optional_arg(probs if R else None, np.float32),
                 out_hidden.kernel_arg(wd),
                 out_probs.kernel_arg(np.float32),
                 R,
@@ -516,9 +516,3 @@ def unpermute(
             after_own=validate,  # (after check, whose results it does not read)
         )
     return status
-
-
-def _dummy(dtype):
-    from ._launch import SIM
-
-    return np.zeros(2, dtype) if SIM else 0
