@@ -1,5 +1,5 @@
-"""Block-level primitives for the kernels: min reduction, exclusive scan; atomics and
-L2-coherent loads on pointer parameters.
+"""Block-level primitives for the kernels: min reduction, exclusive scan (per block and per
+warp); atomics and L2-coherent loads on pointer parameters.
 
 On a GPU the block primitives are built from warp shuffles (``shfl_*_sync``) plus one small
 shared array. numba's CUDA simulator has no warp intrinsics, so when
@@ -13,7 +13,9 @@ Rules for every function here (both versions):
 - ``tmp`` is a shared array of at least :data:`TMP_WORDS` elements of the value's type
   (int64 for the scans and reductions here); the kernels allocate it as
   ``cuda.shared.array(TMP_WORDS, int64)``;
-- each function synchronises the block before it returns, so ``tmp`` may be reused at once.
+- each function synchronises the block before it returns, so ``tmp`` may be reused at once
+  (the warp scan needs no block barrier on a GPU, but its simulator version has one, so it
+  follows the same rules).
 """
 
 from __future__ import annotations
@@ -126,6 +128,20 @@ if not SIM:
         cuda.syncthreads()
         return base + x - value, total
 
+    @device
+    def warp_exclusive_scan_i64(value, tmp):
+        """(exclusive prefix sum over the thread's warp in lane order, warp total), int64;
+        ``tmp`` is unused (the simulator's version needs it)."""
+        lane = cuda.threadIdx.x & 31
+        x = value
+        d = 1
+        while d < 32:
+            y = cuda.shfl_up_sync(FULL_MASK, x, d)
+            if lane >= d:
+                x += y
+            d <<= 1
+        return x - value, cuda.shfl_sync(FULL_MASK, x, 31)
+
 else:
 
     @device
@@ -177,3 +193,21 @@ else:
             total += c
         cuda.syncthreads()
         return base, total
+
+    @device
+    def warp_exclusive_scan_i64(value, tmp):
+        """(exclusive prefix sum over the thread's group of 32 threads in thread order, the
+        group's total), int64."""
+        tid = cuda.threadIdx.x
+        tmp[tid] = value
+        cuda.syncthreads()
+        first = tid - tid % 32
+        before = 0
+        total = 0
+        for i in range(first, first + 32):
+            c = tmp[i]
+            if i < tid:
+                before += c
+            total += c
+        cuda.syncthreads()
+        return before, total

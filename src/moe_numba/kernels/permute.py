@@ -41,7 +41,7 @@ Every scratch word is written before it is read; every output element is written
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, int32, int64, uint32, uint64
+from numba import cuda, int8, int32, int64, uint32, uint64
 from numba.cuda import types
 
 from .. import _abi
@@ -59,6 +59,7 @@ from ._primitives import (
     load_cg,
     store_found,
     syncwarp,
+    warp_exclusive_scan_i64,
 )
 from ._status import StatusWords
 
@@ -91,15 +92,18 @@ _EMPTY, _BAD, _REPEATED, _COUNTS = 0, 1, 2, 3
 def _slot_state(src, base, s, k, E):
     """(expert id, state) of slot ``s`` (column ``k`` of its token) of ``src[base:]``."""
     e = int64(src[base + s])
+    # no early exit from the loop: a warp whose threads left it at different columns would
+    # run the rest of the pass once per exit point
+    repeated = False
+    first = base + s - k
+    for j in range(k):
+        if int64(src[first + j]) == e:
+            repeated = True
     if e == -1:
         return e, _EMPTY
     if e < 0 or e >= E:
         return e, _BAD
-    first = base + s - k
-    for j in range(k):
-        if int64(src[first + j]) == e:
-            return e, _REPEATED
-    return e, _COUNTS
+    return e, _REPEATED if repeated else _COUNTS
 
 
 @device
@@ -118,6 +122,7 @@ def _count_body(routemap, slot_rank, counts, part, done, T, K, E, ct):
     griddep.trigger()  # the scan (or gather) may launch now: it waits for this kernel
     bits = cuda.shared.array(COUNT_BITS, uint32)
     rmt = cuda.shared.array(RMT, int32)
+    states = cuda.shared.array(RMT, int8)  # pass 1's slot states, for pass 2
     smin = cuda.shared.array(2, int32)
     tid = int64(cuda.threadIdx.x)
     bd = int64(cuda.blockDim.x)
@@ -170,6 +175,7 @@ def _count_body(routemap, slot_rank, counts, part, done, T, K, E, ct):
     while s < nslots:
         if staged:
             e, state = _slot_state(rmt, 0, s, k, E)
+            states[s] = state
         else:
             e, state = _slot_state(routemap, g0, s, k, E)
         if state == _COUNTS:
@@ -196,7 +202,8 @@ def _count_body(routemap, slot_rank, counts, part, done, T, K, E, ct):
     s, tl, k = tid, tl0, k0
     while s < nslots:
         if staged:
-            e, state = _slot_state(rmt, 0, s, k, E)
+            e = int64(rmt[s])
+            state = int64(states[s])
         else:
             e, state = _slot_state(routemap, g0, s, k, E)
         if state == _COUNTS:
@@ -244,7 +251,6 @@ def _scan_body(
     override,
     ex_dim,
 ):
-    sums = cuda.shared.array(SCAN_BD, int64)
     tmp = cuda.shared.array(TMP_WORDS, int64)
     last = cuda.shared.array(1, int32)
     vals = cuda.local.array(8, int32)
@@ -256,10 +262,11 @@ def _scan_body(
 
     # phase A (every block, its expert tiles): per expert, exclusive scan over the chunks
     # (in place: the counts become each chunk's base rank) and the total c_e. Thread
-    # (ex, cy) owns expert et + ex and a contiguous range of chunks, read eight at a time.
-    ex = tid % ex_dim
-    cy = tid // ex_dim
+    # (ex, cy) owns expert et + ex and a contiguous range of chunks, read eight at a time;
+    # an expert's cy_dim threads are a warp (or one thread: count_scan, or no tokens).
     cy_dim = bd // ex_dim
+    ex = tid // cy_dim
+    cy = tid - ex * cy_dim
     per = (NC + cy_dim - 1) // cy_dim
     c0 = min(NC, cy * per)
     c1 = min(NC, c0 + per)
@@ -274,16 +281,11 @@ def _scan_body(
                 for u in range(8):
                     s += vals[u]
                 c += 8
-        sums[tid] = s
-        cuda.syncthreads()
-        before = int64(0)
-        total = int64(0)
-        for j in range(cy_dim):
-            v = sums[j * ex_dim + ex]
-            if j < cy:
-                before += v
-            total += v
-        cuda.syncthreads()
+        if cy_dim == 1:
+            before = int64(0)
+            total = s
+        else:
+            before, total = warp_exclusive_scan_i64(s, tmp)
         if e < E:
             run = before
             c = c0
