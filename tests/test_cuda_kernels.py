@@ -269,6 +269,24 @@ def test_permute_one_block_and_chunked(T):
     assert status[_abi.PERMUTE_ROWS_NEEDED] > 5
 
 
+@pytest.mark.parametrize("extra", [0, 1, 2])
+def test_permute_padding_groups_span_many_experts(extra):
+    """Runs of empty experts: a padding group (3 rows) meets more experts than a warp (4
+    lanes) marks in one round, and the expert past them is all padding."""
+    rng = np.random.default_rng(11)
+    T, K, E = 10, 1, 12
+    rm = rng.choice([0, 6], size=(T, K)).astype(np.int32)
+    probs = rng.random((T, K), dtype=np.float32)
+    hidden = rng.standard_normal((T, 2)).astype(np.float32)
+    tpe = counts_of(rm, E)
+    tpe[0] += 1
+    tpe[6] += extra  # moves expert 11's rows against the groups
+    tpe[3] = 1  # capacity without tokens
+    tpe[11] = 2  # after four empty experts
+    run_permute(hidden, None, rm, probs, E, tpe, 1)
+    run_permute(hidden, None, rm, probs, E, None, 2, override=40)
+
+
 def test_permute_empty_routing_and_zero_tokens():
     rng = np.random.default_rng(7)
     rm = np.full((9, 2), -1, np.int32)

@@ -18,7 +18,8 @@ the host waits for an event recorded after ``scan``, see :mod:`._status`):
            ``E <= ETILE``): one block counts the only chunk, then scans (one launch fewer).
 ``gather`` warps as workers, one item at a time: first the padding groups of ``PAD_ROWS``
            rows (so they overlap the copies), then the tokens. A padding group's warp finds
-           the rows it covers that hold no token (binary search of the offsets) and zeroes
+           the rows it covers that hold no token (a 32-ary search of the offsets for the
+           group's first expert, then a lane per expert marks its padding rows) and zeroes
            them. A token's warp loads its hidden row (up to ``28 * 32`` 16-byte words at
            once, into registers), turns each counting slot into its row (``offset_e + chunk
            base + rank``, kept when below ``lim_e``), writes the token's rowmap row (-1, then
@@ -462,6 +463,7 @@ def _make_gather(hw, sw, nb):
         ct,
     ):
         dest = cuda.shared.array((WARPS, LANES), int64)
+        box = cuda.shared.array(WARPS, int64)  # a warp's padding-group search and row bits
         lo = cuda.local.array(nb, lo_t)
         hi = cuda.local.array(nb, uint64)
         lane = int64(cuda.threadIdx.x) % LANES
@@ -518,34 +520,60 @@ def _make_gather(hw, sw, nb):
                                 sts(out_scale, d * snw + w, x)
                     syncwarp()  # (dest is rewritten next)
             else:
-                # a padding group: one row per lane; is it a row that holds no token?
+                # a padding group: rows r0 .. r1 - 1; the padding rows of expert e are
+                # lim_e .. offsets[e + 1] - 1 (.. R - 1 for the last expert)
                 griddep.wait()
-                r = item * PAD_ROWS + lane
-                pad = int64(0)
-                if lane < PAD_ROWS and r < R:
-                    lo_e = int64(0)
-                    hi_e = E
-                    while hi_e - lo_e > 1:
-                        mid = (lo_e + hi_e) >> 1
-                        if offsets[mid] <= r:
-                            lo_e = mid
-                        else:
-                            hi_e = mid
-                    if r >= lim[lo_e]:
-                        pad = 1
-                        out_probs[r] = 0
-                        if has_indices != 0:
-                            out_indices[r] = -1
-                dest[wb, lane] = pad
+                r0 = item * PAD_ROWS
+                r1 = min(r0 + PAD_ROWS, R)
+                # the expert of row r0 (the last e with offsets[e] <= r0): a LANES-ary
+                # search, one load per lane a round (2 rounds up to 1024 experts)
+                eb = int64(0)
+                n = E
+                while n > 1:
+                    step = (n + LANES - 1) // LANES
+                    c = eb + lane * step
+                    if lane == 0:
+                        box[wb] = 0
+                    syncwarp()
+                    if c < eb + n and offsets[c] <= r0:
+                        cuda.atomic.add(box, wb, 1)  # (the lanes below some lane count)
+                    syncwarp()
+                    end = eb + n
+                    eb += (box[wb] - 1) * step
+                    n = min(step, end - eb)
+                    syncwarp()
+                # a lane per expert from there on: the bits of its padding rows
+                mask = int64(0)
+                while True:
+                    e = eb + lane
+                    if e < E:
+                        a = max(lim[e], r0)
+                        b = r1 if e == E - 1 else min(offsets[e + 1], r1)
+                        if a < b:
+                            mask |= ((int64(1) << (b - r0)) - 1) ^ ((int64(1) << (a - r0)) - 1)
+                    eb += LANES
+                    if eb >= E or offsets[eb] >= r1:
+                        break
+                if lane == 0:
+                    box[wb] = 0
                 syncwarp()
-                for i in range(PAD_ROWS):
-                    if dest[wb, i] != 0:
-                        r = item * PAD_ROWS + i
+                if mask != 0:
+                    cuda.atomic.or_(box, wb, mask)
+                syncwarp()
+                mask = box[wb]
+                syncwarp()  # (box is reused by the next item)
+                r = r0 + lane
+                if r < r1 and (mask >> lane) & 1 != 0:
+                    out_probs[r] = 0
+                    if has_indices != 0:
+                        out_indices[r] = -1
+                for i in range(r1 - r0):
+                    if (mask >> i) & 1 != 0:
+                        r = r0 + i
                         for w in range(lane, hnw, LANES):
                             stzh(out_hidden, r * hnw + w)
                         for w in range(lane, snw, LANES):
                             stzs(out_scale, r * snw + w)
-                syncwarp()
             item += stride
 
     return gather
