@@ -77,12 +77,15 @@ if not SIM:
         return cuda.ldcg(array, i)
 
     @device
+    def _warp_place():
+        """(lane, warp, number of warps) of the calling thread in its block."""
+        tid = cuda.threadIdx.x
+        return tid & 31, tid >> 5, cuda.blockDim.x >> 5
+
+    @device
     def block_min_i64(value, tmp):
         """Minimum of an int64 over the block, returned to every thread."""
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        warp = tid >> 5
-        nwarps = cuda.blockDim.x >> 5
+        lane, warp, nwarps = _warp_place()
         v = value
         d = 16
         while d > 0:
@@ -102,19 +105,21 @@ if not SIM:
         return m
 
     @device
-    def block_exclusive_scan_i64(value, tmp):
-        """(exclusive prefix sum over the block in thread order, block total), int64."""
-        tid = cuda.threadIdx.x
-        lane = tid & 31
-        warp = tid >> 5
-        nwarps = cuda.blockDim.x >> 5
-        x = value
+    def _warp_inclusive_scan(x, lane):
+        """Inclusive prefix sum of ``x`` over the warp, in lane order."""
         d = 1
         while d < 32:
             y = cuda.shfl_up_sync(FULL_MASK, x, d)
             if lane >= d:
                 x += y
             d <<= 1
+        return x
+
+    @device
+    def block_exclusive_scan_i64(value, tmp):
+        """(exclusive prefix sum over the block in thread order, block total), int64."""
+        lane, warp, nwarps = _warp_place()
+        x = _warp_inclusive_scan(value, lane)
         if lane == 31:
             tmp[warp] = x
         cuda.syncthreads()
@@ -132,14 +137,7 @@ if not SIM:
     def warp_exclusive_scan_i64(value, tmp):
         """(exclusive prefix sum over the thread's warp in lane order, warp total), int64;
         ``tmp`` is unused (the simulator's version needs it)."""
-        lane = cuda.threadIdx.x & 31
-        x = value
-        d = 1
-        while d < 32:
-            y = cuda.shfl_up_sync(FULL_MASK, x, d)
-            if lane >= d:
-                x += y
-            d <<= 1
+        x = _warp_inclusive_scan(value, cuda.threadIdx.x & 31)
         return x - value, cuda.shfl_sync(FULL_MASK, x, 31)
 
 else:
@@ -179,35 +177,30 @@ else:
         return m
 
     @device
-    def block_exclusive_scan_i64(value, tmp):
-        """(exclusive prefix sum over the block in thread order, block total), int64."""
-        tid = cuda.threadIdx.x
-        tmp[tid] = value
-        cuda.syncthreads()
-        base = 0
-        total = 0
-        for i in range(cuda.blockDim.x):
-            c = tmp[i]
-            if i < tid:
-                base += c
-            total += c
-        cuda.syncthreads()
-        return base, total
-
-    @device
-    def warp_exclusive_scan_i64(value, tmp):
-        """(exclusive prefix sum over the thread's group of 32 threads in thread order, the
+    def _group_exclusive_scan(value, tmp, size):
+        """(exclusive prefix sum over the thread's group of ``size`` consecutive threads, the
         group's total), int64."""
         tid = cuda.threadIdx.x
         tmp[tid] = value
         cuda.syncthreads()
-        first = tid - tid % 32
+        first = tid - tid % size
         before = 0
         total = 0
-        for i in range(first, first + 32):
+        for i in range(first, first + size):
             c = tmp[i]
             if i < tid:
                 before += c
             total += c
         cuda.syncthreads()
         return before, total
+
+    @device
+    def block_exclusive_scan_i64(value, tmp):
+        """(exclusive prefix sum over the block in thread order, block total), int64."""
+        return _group_exclusive_scan(value, tmp, cuda.blockDim.x)
+
+    @device
+    def warp_exclusive_scan_i64(value, tmp):
+        """(exclusive prefix sum over the thread's group of 32 threads in thread order, the
+        group's total), int64."""
+        return _group_exclusive_scan(value, tmp, 32)
