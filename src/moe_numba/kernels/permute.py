@@ -535,8 +535,9 @@ def _make_gather(hw, sw, nb):
                     if lane == 0:
                         box[wb] = 0
                     syncwarp()
+                    # offsets rise, so the lanes that pass are lanes 0 .. k - 1: count them
                     if c < eb + n and offsets[c] <= r0:
-                        cuda.atomic.add(box, wb, 1)  # (the lanes below some lane count)
+                        cuda.atomic.add(box, wb, 1)
                     syncwarp()
                     end = eb + n
                     eb += (box[wb] - 1) * step
