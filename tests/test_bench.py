@@ -31,10 +31,12 @@ def test_cpu_bench_prints_saves_and_compares(tmp_path, capsys):
 class _FixedTimer:
     """Every call (the copy too) takes 1 ms and 10 us of host time; calls run once."""
 
+    hold_timeouts = 0
+
     def __init__(self, repeat):
         pass
 
-    def device_ms(self, fn, batch=10, warmup=3):
+    def device_ms(self, fn, synchronizes=False, batch=10, warmup=3):
         fn()
         return 1.0
 

@@ -178,6 +178,20 @@ def test_permute_wide_words_int64_routemap():
     run_permute(hidden, scale, rm, probs, E, counts_of(rm, E), A)
 
 
+@pytest.mark.parametrize("width", [3, 4, 11, 24], ids=lambda w: f"scale{w}")
+def test_permute_scale_rows_shorter_and_longer_than_a_warp(width):
+    """A warp loads the first LANES words of a scale row with the hidden row and the rest
+    after placing it: rows of 3 4-byte words, one 16-byte word, 11 4-byte and 6 16-byte
+    words (LANES = 4 here)."""
+    rng = np.random.default_rng(width)
+    T, K, E, H, A = 37, 3, 6, 32, 4
+    rm = random_routemap(rng, T, K, E)
+    probs = rng.random((T, K), dtype=np.float32)
+    hidden = rng.integers(0, 256, (T, H), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+    scale = rng.random((T, width), dtype=np.float32)
+    run_permute(hidden, scale, rm, probs, E, counts_of(rm, E), A)
+
+
 def test_permute_fp8_rows_and_special_bits():
     rng = np.random.default_rng(2)
     T, K, E, H, A = 33, 2, 3, 3, 3  # 3-byte rows: 1-byte words; alignment not a power of 2
@@ -500,3 +514,15 @@ def test_rounding_conversions():
     np.testing.assert_array_equal(
         back.view(np.uint32), expected_f16.view(np.float16).astype(np.float32).view(np.uint32)
     )
+
+
+@pytest.mark.parametrize("go,spins,timed_out", [(1, 5, 0), (0, 5, 1), (0, 0, 1)])
+def test_hold_waits_for_the_host_or_times_out(go, spins, timed_out):
+    """The bench's stream hold returns at once when let go, and gives up (saying so) after
+    its spins when not."""
+    from moe_numba.kernels import _hold
+    from moe_numba.kernels._launch import Launcher
+
+    flag = np.array([go, 0], np.int32)
+    Launcher(None)(_hold._KERNEL, 1, 32, (flag, spins))
+    assert flag.tolist() == [go, timed_out]

@@ -37,9 +37,9 @@ def _no_driver(monkeypatch):
 def _kernels():
     if config.ENABLE_CUDASIM:
         return []
-    from moe_numba.kernels import permute, unpermute
+    from moe_numba.kernels import _hold, permute, unpermute
 
-    return permute.all_kernels() + unpermute.all_kernels()
+    return permute.all_kernels() + unpermute.all_kernels() + _hold.kernels()
 
 
 _ALL = _kernels()
@@ -89,9 +89,10 @@ def test_kernel_compiles(name, fn, sig):
         assert not re.search(r"\bmul(\.rn)?\.f32", ptx), "float multiply in the combine"
 
 
-# kernels launched as programmatic dependents wait before they read the kernel ahead's
-# results; kernels followed by one of this package's let it start early
-_WAITS = ("scan", "count_scan", "gather", "check")
+# every kernel of a call is launched as a programmatic dependent and waits before it needs
+# the kernel ahead (the caller's, for the first); kernels followed by one of this package's
+# let it start early; the bench's stream hold is neither
+_WAITS = ("count", "scan", "count_scan", "gather", "init", "check", "combine")
 _TRIGGERS = ("count", "scan", "count_scan", "check")
 
 

@@ -1,9 +1,13 @@
 """Programmatic dependent launch (Hopper and newer): a kernel may start before the kernel
 ahead of it in the stream has finished, and waits for it only where it needs its results.
 
-``trigger()`` lets the next kernel (launched with ``Launcher(..., after_own=True)``) start
-once every block of this one has called it; ``wait()`` blocks the calling thread until every
-kernel this one depends on has completed and its writes are visible. The PTX instructions
+``trigger()`` lets the next kernel (launched with ``dependent=True``, see
+:class:`._launch.Launcher`) start once every block of this one has called it or ended;
+``wait()`` blocks the calling thread until every kernel this one depends on has completed and
+its writes are visible. The first kernel of a call is such a dependent too: it waits before
+it touches anything, so that its launch overlaps the end of whatever kernel the caller ran
+before it; the kernels after it may touch the call's inputs before they wait, as every
+kernel ahead of them in the call has waited for the caller's work first. The PTX instructions
 (``griddepcontrol.*``) exist from sm_90 on; the code is compiled in only when NVVM's
 ``__CUDA_ARCH`` is 900 or more, elsewhere both are no-ops (and the launcher does not ask for
 the overlap). In the simulator, kernels run one after another and both are no-ops.

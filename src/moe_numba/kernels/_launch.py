@@ -146,17 +146,18 @@ class Launcher:
             s = _STREAMS[key] = Stream.from_handle(self.handle)
         self.stream = s
 
-    def __call__(self, kernel, grid, block, args, shmem=0, after_own=False):
+    def __call__(self, kernel, grid, block, args, shmem=0, dependent=False):
         """Launch ``kernel`` (a :class:`RawKernel`) with ``args`` (ints or simulator arrays).
 
-        ``after_own=True``: the kernel ahead of it in the stream is one of this call's, and
-        ``kernel`` waits for it where it needs to (:mod:`._griddep`); on sm_90 and newer it
-        may then start before that kernel ends.
+        ``dependent=True``: ``kernel`` calls :func:`._griddep.wait` before it touches
+        anything the kernel ahead of it in the stream reads or writes (whoever launched
+        that one), or only touches what that kernel does not; on sm_90 and newer it is then
+        launched as a programmatic dependent, which may start before the kernel ahead ends.
         """
         if SIM:
             kernel.dispatcher[grid, block, 0, shmem](*args)
             return
-        overlap = after_own and _griddep_capable(self.device)
+        overlap = dependent and _griddep_capable(self.device)
         key = (grid, block, shmem, overlap)
         launch_config = _CONFIGS.get(key)
         if launch_config is None:

@@ -21,15 +21,16 @@ the host waits for an event recorded after ``scan``, see :mod:`._status`):
            the rows it covers that hold no token (a 32-ary search of the offsets for the
            group's first expert, then a lane per expert marks its padding rows) and zeroes
            them. A token's warp loads its hidden row (up to ``28 * 32`` 16-byte words at
-           once, into registers), turns each counting slot into its row (``offset_e + chunk
-           base + rank``, kept when below ``lim_e``), writes the token's rowmap row (-1, then
-           its rows), probs and expert index of each of its rows, and stores the hidden row
-           (and scale row) to each of its rows, with the widest word the row allows (16-byte
-           vector accesses).
+           once, into registers) and the first 32 words of its scale row, turns each
+           counting slot into its row (``offset_e + chunk base + rank``, kept when below
+           ``lim_e``), writes the token's rowmap row (-1, then its rows), probs and expert
+           index of each of its rows, and stores the hidden row (and scale row) to each of
+           its rows, with the widest word the row allows (16-byte vector accesses).
 
-``scan`` and ``gather`` are launched as programmatic dependents (:mod:`._griddep`, sm_90
-and newer): each may start while the kernel ahead of it runs and waits for it only before
-it reads its results, so the gather's first row loads overlap the scan.
+Every kernel is launched as a programmatic dependent (:mod:`._griddep`, sm_90 and newer): it
+may start while the kernel ahead of it runs and waits for it only before it needs its
+results. The count (or count_scan) waits first thing, for the caller's kernels, so its
+launch overlaps their end; the gather's first row loads overlap the scan.
 
 The copy is token-major: each input row is read once and written K times, which is the
 byte count of the contract (a row-major gather over the output would read every input row
@@ -120,6 +121,7 @@ def _next_slot(s, tl, k, step, q, rr, K):
 
 
 def _count_body(routemap, slot_rank, counts, part, done, T, K, E, ct):
+    griddep.wait()  # (the caller's kernels: it is launched as a dependent of theirs)
     griddep.trigger()  # the scan (or gather) may launch now: it waits for this kernel
     bits = cuda.shared.array(COUNT_BITS, uint32)
     rmt = cuda.shared.array(RMT, int32)
@@ -437,7 +439,9 @@ def _make_gather(hw, sw, nb):
     lds, sts, stzs = _copy.word_ops(sw)
     stzh = _copy.word_ops(hw)[2]
     load, store = _copy.batch_ops(hw, nb)
+    load_s, store_s = _copy.batch_ops(sw, 1)
     lo_t = _copy.WORD_TYPE[hw]
+    slo_t = _copy.WORD_TYPE[sw]
 
     def gather(
         hidden,
@@ -466,6 +470,8 @@ def _make_gather(hw, sw, nb):
         box = cuda.shared.array(WARPS, int64)  # a warp's padding-group search and row bits
         lo = cuda.local.array(nb, lo_t)
         hi = cuda.local.array(nb, uint64)
+        slo = cuda.local.array(1, slo_t)  # a scale word
+        shi = cuda.local.array(1, uint64)
         lane = int64(cuda.threadIdx.x) % LANES
         wb = int64(cuda.threadIdx.x) // LANES
         npad = (R + PAD_ROWS - 1) // PAD_ROWS
@@ -478,6 +484,8 @@ def _make_gather(hw, sw, nb):
                 src = t * hnw
                 if hnw > 0:
                     load(hidden, src, lane, hnw, LANES, lo, hi)
+                if snw > 0:  # the first LANES words of the scale row, with the hidden row
+                    load_s(scale, t * snw, lane, snw, LANES, slo, shi)
                 for e in range(lane, E, LANES):  # the token's rowmap row: -1, then its rows
                     rowmap[t * E + e] = -1
                 griddep.wait()  # (the scan's offsets and limits)
@@ -512,7 +520,12 @@ def _make_gather(hw, sw, nb):
                             if w >= hnw:
                                 break
                             load(hidden, src, w, hnw, LANES, lo, hi)
-                    for w in range(lane, snw, LANES):
+                    if lane < snw:
+                        for j in range(nk):
+                            d = dest[wb, j]
+                            if d >= 0:
+                                store_s(out_scale, d * snw, lane, snw, LANES, slo, shi)
+                    for w in range(lane + LANES, snw, LANES):  # (the rest of a long row)
                         x = lds(scale, t * snw + w)
                         for j in range(nk):
                             d = dest[wb, j]
@@ -774,6 +787,7 @@ def permute(
             COUNT_BD,
             (rm, ranks, counts, part, done, capacity, offsets, lim, ctot, status_arg)
             + (T, K, E, int(alignment), R, override, COUNT_BD, ct),  # a thread per expert
+            dependent=True,
         )
     else:
         if T > 0:
@@ -782,6 +796,7 @@ def permute(
                 (nc, net),
                 COUNT_BD,
                 (rm, ranks, counts, part, done, T, K, E, ct),
+                dependent=True,
             )
         # scan: one block per tile of ex_dim experts (the last one to finish does the
         # offsets and the status); with no tokens, one block and no ticket counter
@@ -792,7 +807,7 @@ def permute(
             SCAN_BD,
             (counts, capacity, offsets, lim, ctot, part, rm, status_arg, done)
             + (nc, E, int(alignment), R, T, K, override, ex_dim),
-            after_own=T > 0,
+            dependent=True,
         )
 
     if status is not None:
@@ -828,6 +843,6 @@ def permute(
                 0 if out_indices is None else 1,
                 ct,
             ),
-            after_own=True,
+            dependent=True,
         )
     return status

@@ -22,6 +22,10 @@
              holds (only with malformed rowmaps and E > LMAX) walks its rowmap row directly.
              Invalid entries count as -1, so the combine needs no validation.
 
+The call's first kernel (init, or the combine when ``validate=False``) is launched as a
+programmatic dependent of the caller's kernel ahead of it and waits for it first thing, so
+its launch overlaps that kernel's end (:mod:`._griddep`).
+
 Kernels are built per (word width, data type, weighted, mix_precision) and compiled per
 signature on first use.
 """
@@ -211,7 +215,9 @@ def _make_combine(width, data_type, weighted, mix):
                 u[i >> 1] = u[i >> 1] | (b << np.uint32(16))
         return join(u)
 
-    def combine(rows, rowmap, routemap, probs, out, out_probs, R, E, K, nw):
+    def combine(rows, rowmap, routemap, probs, out, out_probs, R, E, K, nw, first):
+        if first != 0:
+            griddep.wait()  # (the caller's kernels; after check, it needs nothing of its)
         lst_row = cuda.shared.array(LMAX, int32)
         tmp = cuda.shared.array(TMP_WORDS, int64)
         tid = int64(cuda.threadIdx.x)
@@ -326,6 +332,7 @@ def _first_bad(values, n, low, high, start, stride):
 
 def _init_body(minima):
     """Before check: the two running minima (none yet) and check's ticket counter."""
+    griddep.wait()  # (the caller's kernels)
     if cuda.threadIdx.x == 0:
         minima[_BAD_ROW] = BIG
         minima[_BAD_ID] = BIG
@@ -370,7 +377,7 @@ _I = types.int64
 
 def _combine_sig(width, rt):
     wt = P(_WORD_TYPE[width])
-    return types.void(wt, _I32P, P(rt), _F32P, wt, _F32P, *([_I] * 4))
+    return types.void(wt, _I32P, P(rt), _F32P, wt, _F32P, *([_I] * 5))
 
 
 _INIT_SIG = types.void(_I64P)
@@ -485,7 +492,7 @@ def unpermute(
     if validate:
         status = StatusWords(launch, _abi.UNPERMUTE_STATUS_LEN)
         (minima,) = carve(alloc, ((3, np.dtype(np.int64)),))
-        launch(_kernel("init"), 1, 32, (minima,))
+        launch(_kernel("init"), 1, 32, (minima,), dependent=True)
         n = max(T * E, T * K)
         blocks = max(1, min(CHECK_BLOCKS, -(-n // CHECK_BD)))
         launch(
@@ -493,7 +500,7 @@ def unpermute(
             blocks,
             CHECK_BD,
             (rmap, rm, minima, status.arg, T, R, E, K),
-            after_own=True,
+            dependent=True,
         )
         status.written()
     if T > 0:
@@ -512,7 +519,8 @@ def unpermute(
                 E,
                 K,
                 nw,
+                0 if validate else 1,
             ),
-            after_own=validate,  # (after check, whose results it does not read)
+            dependent=True,
         )
     return status
