@@ -33,7 +33,8 @@ if config.ENABLE_CUDASIM:
 def small_geometry(monkeypatch):
     """Tiny blocks: a chunk is at most 32 tokens and 128 routing ids, a count block sees 4
     experts, a gather warp has 4 lanes (4 destinations at a time) and holds 1 or 2 words per
-    lane (rows go in several batches), a padding group has 3 rows, 5 blocks take every item,
+    lane (rows go in several batches), padding goes in chunks of 3 rows to at least 2 workers
+    (a worker takes several chunks when routing slots are empty), 5 blocks take every item,
     a token's list holds 256 rows (4 in one test), the unpermute's check runs 3 blocks of 16
     threads (grid-stride)."""
     for name, value in dict(
@@ -46,6 +47,7 @@ def small_geometry(monkeypatch):
         GATHER_BLOCKS=5,
         BATCH_WORDS=(1, 2),
         PAD_ROWS=3,
+        PAD_WORKERS=2,
         RMT=128,
         NC_TARGET=2,
     ).items():
@@ -284,9 +286,9 @@ def test_permute_one_block_and_chunked(T):
 
 
 @pytest.mark.parametrize("extra", [0, 1, 2])
-def test_permute_padding_groups_span_many_experts(extra):
-    """Runs of empty experts: a padding group (3 rows) meets more experts than a warp (4
-    lanes) marks in one round, and the expert past them is all padding."""
+def test_permute_padding_chunks_span_many_experts(extra):
+    """Runs of empty experts: a chunk of padding (3 rows) meets more experts than a warp (4
+    lanes) lists in one round, and the expert past them is all padding."""
     rng = np.random.default_rng(11)
     T, K, E = 10, 1, 12
     rm = rng.choice([0, 6], size=(T, K)).astype(np.int32)

@@ -12,20 +12,23 @@ the host waits for an event recorded after ``scan``, see :mod:`._status`):
 ``scan``   one block per tile of experts. Per expert: exclusive scan of the chunk counts (in
            place: the counts become each chunk's base rank) and ``c_e``. The last block to
            finish (atomic ticket; the counter is zeroed by ``count``) then computes ``n_e``,
-           ``padded_e``, the offsets (block scan), the end of the filled rows ``lim_e``, and
-           all status words.
+           ``padded_e``, the offsets (block scan), the end of the filled rows ``lim_e``,
+           where each expert's padding rows start in the sequence of all padding rows
+           (``padbase_e``, block scan; the total at ``padbase_E``), and all status words.
 ``count_scan`` instead of both for small calls with ``validate=False`` (``T <= CT``,
            ``E <= ETILE``): one block counts the only chunk, then scans (one launch fewer).
-``gather`` warps as workers, one item at a time: first the padding groups of ``PAD_ROWS``
-           rows (so they overlap the copies), then the tokens. A padding group's warp finds
-           the rows it covers that hold no token (a 32-ary search of the offsets for the
-           group's first expert, then a lane per expert marks its padding rows) and zeroes
-           them. A token's warp loads its hidden row (up to ``28 * 32`` 16-byte words at
-           once, into registers) and the first 32 words of its scale row, turns each
-           counting slot into its row (``offset_e + chunk base + rank``, kept when below
-           ``lim_e``), writes the token's rowmap row (-1, then its rows), probs and expert
-           index of each of its rows, and stores the hidden row (and scale row) to each of
-           its rows, with the widest word the row allows (16-byte vector accesses).
+``gather`` warps as workers, one item at a time: first the padding workers (so that they
+           overlap the copies; a few hundred, see ``_padding_workers``), then the tokens.
+           A padding worker takes every ``npw``-th chunk of ``PAD_ROWS`` rows of the
+           padding sequence: it finds the chunk's first expert (a 32-ary search of
+           ``padbase``), a lane per expert from there lists its rows, and the warp zeroes
+           them. Workers with no chunk leave at once. A token's warp loads its hidden row
+           (up to ``28 * 32`` 16-byte words at once, into registers) and the first 32
+           words of its scale row, turns each counting slot into its row (``offset_e +
+           chunk base + rank``, kept when below ``lim_e``), writes the token's rowmap row
+           (-1, then its rows), probs and expert index of each of its rows, and stores the
+           hidden row (and scale row) to each of its rows, with the widest word the row
+           allows (16-byte vector accesses).
 
 Every kernel is launched as a programmatic dependent (:mod:`._griddep`, sm_90 and newer): it
 may start while the kernel ahead of it runs and waits for it only before it needs its
@@ -75,7 +78,8 @@ LANES = 32  # threads of a gather worker: a warp (the simulator's tests shrink i
 WARPS = 1 if SIM else 4  # gather workers per block (the simulator's warps are whole blocks)
 GATHER_BLOCKS = 1 << 30  # most gather blocks (workers then take several items)
 BATCH_WORDS = (4, 8, 16, 28)  # hidden words a gather thread may hold at once (rising)
-PAD_ROWS = 32  # rows of a padding group (at most LANES; the groups come first)
+PAD_ROWS = 32  # rows of a padding worker's chunk (at most LANES)
+PAD_WORKERS = 256  # fewest padding workers (when there are as many chunks of rows)
 COUNT_BITS = ETILE * (CT // 32)  # size of the count block's shared bitmap (uint32 words)
 RMT = 2048  # routing ids a count block stages in shared memory (8 KiB; 32 KiB bitmap)
 NC_TARGET = 128  # count chunks to aim for
@@ -240,6 +244,7 @@ def _scan_body(
     capacity,
     offsets,
     lim,
+    padbase,
     ctot,
     part,
     routemap,
@@ -314,8 +319,10 @@ def _scan_body(
             return
     cuda.syncthreads()
 
-    # phase B: capacities, padded sizes, offsets, filled rows; first mismatching expert
+    # phase B: capacities, padded sizes, offsets, filled rows, where each expert's padding
+    # rows start in the sequence of all padding rows; first mismatching expert
     carry = int64(0)
+    pad_carry = int64(0)
     mismatch = BIG
     for e0 in range(0, E, bd):
         e = e0 + tid
@@ -333,6 +340,7 @@ def _scan_body(
                     n = 0
             padded = (n + A - 1) // A * A
         before, total = block_exclusive_scan_i64(padded, tmp)
+        pad = int64(0)
         if e < E:
             off = carry + before
             filled = min(c, n)
@@ -343,9 +351,16 @@ def _scan_body(
                 filled = room
             offsets[e] = off
             lim[e] = off + filled
+            # padding: lim_e .. the next expert's offset (.. R for the last expert)
+            end = R if e == E - 1 else min(off + padded, R)
+            pad = max(end - (off + filled), int64(0))
+        pad_before, pad_total = block_exclusive_scan_i64(pad, tmp)
+        if e < E:
+            padbase[e] = pad_carry + pad_before
         carry += total
+        pad_carry += pad_total
     if tid == 0:
-        offsets[E] = carry
+        padbase[E] = pad_carry
 
     # phase C: status words (smallest index wins)
     mismatch = block_min_i64(mismatch, tmp)
@@ -389,6 +404,7 @@ def _count_scan_kernel(
     capacity,
     offsets,
     lim,
+    padbase,
     ctot,
     status,
     T,
@@ -409,6 +425,7 @@ def _count_scan_kernel(
         capacity,
         offsets,
         lim,
+        padbase,
         ctot,
         part,
         routemap,
@@ -425,11 +442,34 @@ def _count_scan_kernel(
     )
 
 
+@device
+def _last_at_most(values, n, x, lane, box, wb):
+    """The last ``i < n`` with ``values[i] <= x``, for rising ``values`` with ``values[0] <=
+    x``, found by the warp (``lane``; ``box[wb]`` is its shared word): a LANES-ary search,
+    one load per lane a round (2 rounds up to 1024 values)."""
+    lo = int64(0)
+    while n > 1:
+        step = (n + LANES - 1) // LANES
+        c = lo + lane * step
+        if lane == 0:
+            box[wb] = 0
+        syncwarp()
+        # values rise, so the lanes that pass are lanes 0 .. k - 1: count them
+        if c < lo + n and values[c] <= x:
+            cuda.atomic.add(box, wb, 1)
+        syncwarp()
+        end = lo + n
+        lo += (box[wb] - 1) * step
+        n = min(step, end - lo)
+        syncwarp()  # (box is reused)
+    return lo
+
+
 def _make_gather(hw, sw, nb):
     """The gather kernel body for hidden words of ``hw`` bytes, scale words of ``sw`` and
     ``nb`` hidden words per thread at a time.
 
-    Every warp is a worker that takes items (padding groups first, then tokens) in grid
+    Every warp is a worker that takes items (padding workers first, then tokens) in grid
     stride. A token's warp loads the first ``nb * LANES`` words of its hidden row (the whole
     row, for rows up to ``28 * 32`` 16-byte words) before it works out its rows, so that the
     loads' latency overlaps the dependent loads of the placement, then stores them to each
@@ -452,6 +492,7 @@ def _make_gather(hw, sw, nb):
         counts,
         offsets,
         lim,
+        padbase,
         out_hidden,
         out_scale,
         rowmap,
@@ -460,7 +501,7 @@ def _make_gather(hw, sw, nb):
         T,
         K,
         E,
-        R,
+        npw,
         hnw,
         snw,
         has_indices,
@@ -474,12 +515,11 @@ def _make_gather(hw, sw, nb):
         shi = cuda.local.array(1, uint64)
         lane = int64(cuda.threadIdx.x) % LANES
         wb = int64(cuda.threadIdx.x) // LANES
-        npad = (R + PAD_ROWS - 1) // PAD_ROWS
         item = int64(cuda.blockIdx.x) * WARPS + wb
         stride = int64(cuda.gridDim.x) * WARPS
-        while item < npad + T:
-            if item >= npad:
-                t = item - npad
+        while item < npw + T:
+            if item >= npw:
+                t = item - npw
                 chunk = t // ct
                 src = t * hnw
                 if hnw > 0:
@@ -533,61 +573,38 @@ def _make_gather(hw, sw, nb):
                                 sts(out_scale, d * snw + w, x)
                     syncwarp()  # (dest is rewritten next)
             else:
-                # a padding group: rows r0 .. r1 - 1; the padding rows of expert e are
-                # lim_e .. offsets[e + 1] - 1 (.. R - 1 for the last expert)
-                griddep.wait()
-                r0 = item * PAD_ROWS
-                r1 = min(r0 + PAD_ROWS, R)
-                # the expert of row r0 (the last e with offsets[e] <= r0): a LANES-ary
-                # search, one load per lane a round (2 rounds up to 1024 experts)
-                eb = int64(0)
-                n = E
-                while n > 1:
-                    step = (n + LANES - 1) // LANES
-                    c = eb + lane * step
-                    if lane == 0:
-                        box[wb] = 0
+                # a padding worker: chunks of PAD_ROWS rows of the sequence of all padding
+                # rows (expert 0's, then expert 1's, ...), every npw-th chunk from its own
+                griddep.wait()  # (the scan's limits and padding bases)
+                p0 = item * PAD_ROWS
+                while p0 < padbase[E]:
+                    n = min(PAD_ROWS, padbase[E] - p0)
+                    # a lane per expert, from the one that holds padding row p0: the rows
+                    # of its padding in the chunk
+                    eb = _last_at_most(padbase, E, p0, lane, box, wb)
+                    while True:
+                        e = eb + lane
+                        if e < E:
+                            base = padbase[e]
+                            for p in range(max(base, p0), min(padbase[e + 1], p0 + n)):
+                                dest[wb, p - p0] = lim[e] + p - base
+                        eb += LANES
+                        if eb >= E or padbase[eb] >= p0 + n:
+                            break
                     syncwarp()
-                    # offsets rise, so the lanes that pass are lanes 0 .. k - 1: count them
-                    if c < eb + n and offsets[c] <= r0:
-                        cuda.atomic.add(box, wb, 1)
-                    syncwarp()
-                    end = eb + n
-                    eb += (box[wb] - 1) * step
-                    n = min(step, end - eb)
-                    syncwarp()
-                # a lane per expert from there on: the bits of its padding rows
-                mask = int64(0)
-                while True:
-                    e = eb + lane
-                    if e < E:
-                        a = max(lim[e], r0)
-                        b = r1 if e == E - 1 else min(offsets[e + 1], r1)
-                        if a < b:
-                            mask |= ((int64(1) << (b - r0)) - 1) ^ ((int64(1) << (a - r0)) - 1)
-                    eb += LANES
-                    if eb >= E or offsets[eb] >= r1:
-                        break
-                if lane == 0:
-                    box[wb] = 0
-                syncwarp()
-                if mask != 0:
-                    cuda.atomic.or_(box, wb, mask)
-                syncwarp()
-                mask = box[wb]
-                syncwarp()  # (box is reused by the next item)
-                r = r0 + lane
-                if r < r1 and (mask >> lane) & 1 != 0:
-                    out_probs[r] = 0
-                    if has_indices != 0:
-                        out_indices[r] = -1
-                for i in range(r1 - r0):
-                    if (mask >> i) & 1 != 0:
-                        r = r0 + i
+                    if lane < n:
+                        r = dest[wb, lane]
+                        out_probs[r] = 0
+                        if has_indices != 0:
+                            out_indices[r] = -1
+                    for i in range(n):
+                        r = dest[wb, i]
                         for w in range(lane, hnw, LANES):
                             stzh(out_hidden, r * hnw + w)
                         for w in range(lane, snw, LANES):
                             stzs(out_scale, r * snw + w)
+                    syncwarp()  # (dest is rewritten next)
+                    p0 += npw * PAD_ROWS
             item += stride
 
     return gather
@@ -611,17 +628,17 @@ def _count_sig(rt):
 
 
 def _scan_sig(rt):
-    return types.void(_I32P, _I64P, _I64P, _I64P, _I64P, _I64P, P(rt), _I64P, _I64P, *([_I] * 8))
+    return types.void(_I32P, *([_I64P] * 6), P(rt), _I64P, _I64P, *([_I] * 8))
 
 
 def _count_scan_sig(rt):
-    return types.void(P(rt), _I32P, _I32P, _I64P, _I64P, *([_I64P] * 5), *([_I] * 8))
+    return types.void(P(rt), _I32P, _I32P, _I64P, _I64P, *([_I64P] * 6), *([_I] * 8))
 
 
 def _gather_sig(hw, sw, rt):
     h, s = P(_copy.WORD_TYPE[hw]), P(_copy.WORD_TYPE[sw])
     return types.void(
-        h, s, P(rt), _U32P, _I32P, _I32P, _I64P, _I64P, h, s, _I32P, _U32P, _I32P, *([_I] * 8)
+        h, s, P(rt), _U32P, _I32P, _I32P, *([_I64P] * 3), h, s, _I32P, _U32P, _I32P, *([_I] * 8)
     )
 
 
@@ -689,6 +706,14 @@ def all_kernels():
 # host side
 
 
+def _padding_workers(R, slots):
+    """Warps that zero the padding rows: a chunk of PAD_ROWS rows each for the padding there
+    would be if every routing slot counted (``R - slots`` rows), and at least PAD_WORKERS
+    (there is more padding when slots are empty), but no more than R's chunks."""
+    chunks = -(-R // PAD_ROWS)
+    return min(chunks, max(PAD_WORKERS, -(-max(R - slots, 0) // PAD_ROWS)))
+
+
 def _chunk_tokens(T, K):
     """Tokens per count chunk: about NC_TARGET chunks (parallel count blocks, a short scan),
     at most CT, and small enough that the chunk's routing ids fit in shared memory."""
@@ -754,12 +779,13 @@ def permute(
     net = -(-E // ETILE)
 
     # one scratch allocation: int64 arrays first (8-byte aligned), then int32 arrays
-    done, offsets, lim, ctot, part, status_scratch, counts, ranks = carve(
+    done, offsets, lim, padbase, ctot, part, status_scratch, counts, ranks = carve(
         alloc,
         (
             (1, _I64),
-            (E + 1, _I64),
             (E, _I64),
+            (E, _I64),
+            (E + 1, _I64),
             (E, _I64),
             (2 * max(nc, 1), _I64),
             (_abi.PERMUTE_STATUS_LEN, _I64),
@@ -785,7 +811,7 @@ def permute(
             _kernel("count_scan", ri),
             1,
             COUNT_BD,
-            (rm, ranks, counts, part, done, capacity, offsets, lim, ctot, status_arg)
+            (rm, ranks, counts, part, done, capacity, offsets, lim, padbase, ctot, status_arg)
             + (T, K, E, int(alignment), R, override, COUNT_BD, ct),  # a thread per expert
             dependent=True,
         )
@@ -805,7 +831,7 @@ def permute(
             _kernel("scan", ri),
             -(-E // ex_dim) if T > 0 else 1,
             SCAN_BD,
-            (counts, capacity, offsets, lim, ctot, part, rm, status_arg, done)
+            (counts, capacity, offsets, lim, padbase, ctot, part, rm, status_arg, done)
             + (nc, E, int(alignment), R, T, K, override, ex_dim),
             dependent=True,
         )
@@ -813,7 +839,8 @@ def permute(
     if status is not None:
         status.written()
 
-    items = T + -(-R // PAD_ROWS)
+    npw = _padding_workers(R, T * K)
+    items = npw + T
     if items > 0:
         hd, sd = _copy.WORD_DTYPE[hw], _copy.WORD_DTYPE[sw]
         launch(
@@ -829,6 +856,7 @@ def permute(
                 counts,
                 offsets,
                 lim,
+                padbase,
                 optional_arg(out_hidden if hnw else None, hd),
                 optional_arg(out_scale if snw else None, sd),
                 rowmap,
@@ -837,7 +865,7 @@ def permute(
                 T,
                 K,
                 E,
-                R,
+                npw,
                 hnw,
                 snw,
                 0 if out_indices is None else 1,
