@@ -87,6 +87,8 @@ def test_kernel_compiles(name, fn, sig):
         weighted = re.search(r"_d\d_(\d)", name).group(1) == "1"
         assert ("fma.rn.f32" in ptx) == weighted, "multiply-add outside the weighted combine"
         assert not re.search(r"\bmul(\.rn)?\.f32", ptx), "float multiply in the combine"
+    if name == "hold":  # the flag is read again after every pause, not once before the loop
+        assert re.search(r"nanosleep[^\n]*\n(.*\n)*?.*ld\.volatile\.global\.u32", ptx)
 
 
 # every kernel of a call is launched as a programmatic dependent and waits before it needs

@@ -17,12 +17,27 @@ from ._launch import SIM, Launcher, RawKernel, jit
 from ._primitives import device
 
 if not SIM:
-    from numba.cuda.np.numpy_support import carray
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _ld_volatile(typingctx, ptr):
+        """``ld.volatile.global.u32`` of ``ptr[0]``: an asm statement with side effects, so
+        the compiler neither caches the value nor hoists the load out of a loop (a plain or
+        ``ld.cv`` load was hoisted, and the spin never saw the host's write)."""
+        sig = types.int32(ptr)
+
+        def codegen(context, builder, sig, args):
+            i64 = ir.IntType(64)
+            fnty = ir.FunctionType(ir.IntType(32), [i64])
+            asm = ir.InlineAsm(fnty, "ld.volatile.global.u32 $0, [$1];", "=r,l", side_effect=True)
+            return builder.call(asm, [builder.ptrtoint(args[0], i64)])
+
+        return sig, codegen
 
     @device
     def _read_volatile(flag):
-        # ld.global.cv: fetched again on every read, never from a cache (the host writes it)
-        return cuda.ldcv(carray(flag, 1), 0)
+        return _ld_volatile(flag)
 
     @device
     def _pause():
