@@ -3,13 +3,14 @@
 Timing a batch of calls between two CUDA events measures host time too when the GPU runs
 dry: the host needs tens of microseconds to enqueue a call, and the first call of a batch
 starts only once the host has enqueued its first kernel. Launched before the start event,
-:func:`hold` keeps the stream busy until the host has enqueued the whole batch and calls
+:class:`Hold` keeps the stream busy until the host has enqueued the whole batch and calls
 :meth:`Hold.release`, so the events time the GPU work alone (the "blocking kernel" of
 NVIDIA's nvbench). Host time per call is measured on its own (``bench``'s ``host us``).
 """
 
 from __future__ import annotations
 
+import numpy as np
 from numba import cuda, int64
 from numba.cuda import types
 
@@ -92,8 +93,6 @@ class Hold:
     """
 
     def __init__(self, timeout_s=2.0):
-        import numpy as np
-
         self._spins = int(timeout_s * 1e6)
         # host memory the kernel reads: [go, timed out]
         self._flag = cuda.mapped_array(2, np.int32)

@@ -507,8 +507,8 @@ def _make_gather(hw, sw, nb):
         has_indices,
         ct,
     ):
-        dest = cuda.shared.array((WARPS, LANES), int64)
-        box = cuda.shared.array(WARPS, int64)  # a warp's padding-group search and row bits
+        dest = cuda.shared.array((WARPS, LANES), int64)  # a warp's rows: a token's, or padding
+        box = cuda.shared.array(WARPS, int64)  # a warp's word for _last_at_most
         lo = cuda.local.array(nb, lo_t)
         hi = cuda.local.array(nb, uint64)
         slo = cuda.local.array(1, slo_t)  # a scale word
