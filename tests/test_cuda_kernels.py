@@ -296,7 +296,7 @@ def test_permute_padding_chunks_span_many_experts(extra):
     hidden = rng.standard_normal((T, 2)).astype(np.float32)
     tpe = counts_of(rm, E)
     tpe[0] += 1
-    tpe[6] += extra  # moves expert 11's rows against the groups
+    tpe[6] += extra  # moves expert 11's rows against the chunks
     tpe[3] = 1  # capacity without tokens
     tpe[11] = 2  # after four empty experts
     run_permute(hidden, None, rm, probs, E, tpe, 1)

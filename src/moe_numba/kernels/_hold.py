@@ -22,7 +22,7 @@ if not SIM:
     from numba.cuda.extending import intrinsic
 
     @intrinsic
-    def _ld_volatile(typingctx, ptr):
+    def _read_volatile(typingctx, ptr):
         """``ld.volatile.global.u32`` of ``ptr[0]``: an asm statement with side effects, so
         the compiler neither caches the value nor hoists the load out of a loop (a plain or
         ``ld.cv`` load was hoisted, and the spin never saw the host's write)."""
@@ -35,10 +35,6 @@ if not SIM:
             return builder.call(asm, [builder.ptrtoint(args[0], i64)])
 
         return sig, codegen
-
-    @device
-    def _read_volatile(flag):
-        return _ld_volatile(flag)
 
     @device
     def _pause():

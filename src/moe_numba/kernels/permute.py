@@ -444,9 +444,9 @@ def _count_scan_kernel(
 
 @device
 def _last_at_most(values, n, x, lane, box, wb):
-    """The last ``i < n`` with ``values[i] <= x``, for rising ``values`` with ``values[0] <=
-    x``, found by the warp (``lane``; ``box[wb]`` is its shared word): a LANES-ary search,
-    one load per lane a round (2 rounds up to 1024 values)."""
+    """The last ``i < n`` with ``values[i] <= x``, for non-decreasing ``values`` with
+    ``values[0] <= x``, found by the warp (``lane``; ``box[wb]`` is its shared word): a
+    LANES-ary search, one load per lane a round (2 rounds up to 1024 values)."""
     lo = int64(0)
     while n > 1:
         step = (n + LANES - 1) // LANES
@@ -454,7 +454,7 @@ def _last_at_most(values, n, x, lane, box, wb):
         if lane == 0:
             box[wb] = 0
         syncwarp()
-        # values rise, so the lanes that pass are lanes 0 .. k - 1: count them
+        # values do not fall, so the lanes that pass are lanes 0 .. k - 1: count them
         if c < lo + n and values[c] <= x:
             cuda.atomic.add(box, wb, 1)
         syncwarp()

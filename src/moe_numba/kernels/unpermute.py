@@ -217,7 +217,7 @@ def _make_combine(width, data_type, weighted, mix):
 
     def combine(rows, rowmap, routemap, probs, out, out_probs, R, E, K, nw, first):
         if first != 0:
-            griddep.wait()  # (the caller's kernels; after check, it needs nothing of its)
+            griddep.wait()  # (the caller's kernels; after check it needs nothing of check's)
         lst_row = cuda.shared.array(LMAX, int32)
         tmp = cuda.shared.array(TMP_WORDS, int64)
         tid = int64(cuda.threadIdx.x)
