@@ -14,7 +14,8 @@ the host waits for an event recorded after ``scan``, see :mod:`._status`):
            finish (atomic ticket; the counter is zeroed by ``count``) then computes ``n_e``,
            ``padded_e``, the offsets (block scan), the end of the filled rows ``lim_e``,
            where each expert's padding rows start in the sequence of all padding rows
-           (``padbase_e``, block scan; the total at ``padbase_E``), and all status words.
+           (``padbase_e``, block scan; the total at ``padbase_E``), and, with
+           ``validate=True``, all status words (nobody reads them otherwise).
 ``count_scan`` instead of both for small calls with ``validate=False`` (``T <= CT``,
            ``E <= ETILE``): one block counts the only chunk, then scans (one launch fewer).
 ``gather`` warps as workers, one item at a time: first the padding workers (so that they
@@ -258,6 +259,7 @@ def _scan_body(
     K,
     override,
     ex_dim,
+    want_status,
 ):
     tmp = cuda.shared.array(TMP_WORDS, int64)
     last = cuda.shared.array(1, int32)
@@ -361,6 +363,8 @@ def _scan_body(
         pad_carry += pad_total
     if tid == 0:
         padbase[E] = pad_carry
+    if want_status == 0:  # (validate=False: nobody reads the status words)
+        return
 
     # phase C: status words (smallest index wins)
     mismatch = block_min_i64(mismatch, tmp)
@@ -416,8 +420,8 @@ def _count_scan_kernel(
     ex_dim,
     ct,
 ):
-    """Small calls (one chunk, one expert tile): one block counts, then scans (one launch
-    fewer, no ticket)."""
+    """Small calls (one chunk, one expert tile; ``validate=False``): one block counts, then
+    scans (one launch fewer, no ticket, no status words)."""
     _count(routemap, slot_rank, counts, part, done, T, K, E, ct)
     cuda.syncthreads()
     _scan(
@@ -439,6 +443,7 @@ def _count_scan_kernel(
         K,
         override,
         ex_dim,
+        0,
     )
 
 
@@ -630,7 +635,7 @@ def _count_sig(rt):
 
 
 def _scan_sig(rt):
-    return types.void(_I32P, *([_I64P] * 6), P(rt), _I64P, _I64P, *([_I] * 8))
+    return types.void(_I32P, *([_I64P] * 6), P(rt), _I64P, _I64P, *([_I] * 9))
 
 
 def _count_scan_sig(rt):
@@ -755,7 +760,7 @@ def permute(
 
     Every output element is written. Nothing is synchronised. Returns the call's
     :class:`StatusWords` with ``validate=True`` (final once the scan has run), else None
-    (the words then go to scratch).
+    (the words are not computed).
     """
     T, K, E, R = int(num_tokens), int(topk), int(num_experts), int(num_rows)
     ri = int(routemap_itemsize)
@@ -781,7 +786,7 @@ def permute(
     net = -(-E // ETILE)
 
     # one scratch allocation: int64 arrays first (8-byte aligned), then int32 arrays
-    done, offsets, lim, padbase, ctot, part, status_scratch, counts, ranks = carve(
+    done, offsets, lim, padbase, ctot, part, counts, ranks = carve(
         alloc,
         (
             (1, _I64),
@@ -790,7 +795,6 @@ def permute(
             (E + 1, _I64),
             (E, _I64),
             (2 * max(nc, 1), _I64),
-            (_abi.PERMUTE_STATUS_LEN, _I64),
             (max(nc * E, 1), _I32),
             (max(T * K, 1), _I32),
         ),
@@ -804,7 +808,7 @@ def permute(
         status_arg = status.arg
     else:
         status = None
-        status_arg = status_scratch
+        status_arg = optional_arg(None, np.int64)  # (the scan writes no status words)
 
     override = 1 if capacity is None else 0
     capacity = optional_arg(capacity, np.int64)
@@ -834,7 +838,7 @@ def permute(
             -(-E // ex_dim) if T > 0 else 1,
             SCAN_BD,
             (counts, capacity, offsets, lim, padbase, ctot, part, rm, status_arg, done)
-            + (nc, E, int(alignment), R, T, K, override, ex_dim),
+            + (nc, E, int(alignment), R, T, K, override, ex_dim, 1 if validate else 0),
             dependent=True,
         )
 
