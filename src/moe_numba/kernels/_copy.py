@@ -40,24 +40,22 @@ def _ld16(p, i):
     return ld16(p, i)
 
 
-@device
-def _st16(p, i, v):
-    st16(p, i, v[0], v[1])
+def _stores16(put):
+    """(store, store_zero) of 16-byte words through ``put`` (a plain or streaming store)."""
+
+    @device
+    def store(p, i, v):
+        put(p, i, v[0], v[1])
+
+    @device
+    def store_zero(p, i):
+        put(p, i, np.uint64(0), np.uint64(0))
+
+    return store, store_zero
 
 
-@device
-def _stz16(p, i):
-    st16(p, i, np.uint64(0), np.uint64(0))
-
-
-@device
-def _st16s(p, i, v):
-    st16_streaming(p, i, v[0], v[1])
-
-
-@device
-def _stz16s(p, i):
-    st16_streaming(p, i, np.uint64(0), np.uint64(0))
+_st16, _stz16 = _stores16(st16)
+_st16s, _stz16s = _stores16(st16_streaming)
 
 
 @device
