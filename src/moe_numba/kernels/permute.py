@@ -29,12 +29,14 @@ the host waits for an event recorded after ``scan``, see :mod:`._status`):
            chunk base + rank``, kept when below ``lim_e``), writes the token's rowmap row
            (-1, then its rows), probs and expert index of each of its rows, and stores the
            hidden row (and scale row) to each of its rows, with the widest word the row
-           allows (16-byte vector accesses).
+           allows (16-byte vector accesses; the 16-byte stores, and the padding's zeros,
+           with the streaming cache hint: every output row is written once).
 
 Every kernel is launched as a programmatic dependent (:mod:`._griddep`, sm_90 and newer): it
 may start while the kernel ahead of it runs and waits for it only before it needs its
 results. The count (or count_scan) waits first thing, for the caller's kernels, so its
-launch overlaps their end; the gather's first row loads overlap the scan.
+launch overlaps their end; the gather starts during the count and loads its first rows
+then.
 
 The copy is token-major: each input row is read once and written K times, which is the
 byte count of the contract (a row-major gather over the output would read every input row
@@ -481,8 +483,8 @@ def _make_gather(hw, sw, nb):
     of the token's rows. Reading the row in big batches matters: an H200 mixes the few reads
     into the many writes badly when they come in small pieces.
     """
-    # every output row is written once: streaming stores (+1 to +2.5 points of the copy on
-    # an H200, more room in L2 for the rows being read)
+    # every output row is written once: streaming stores (+1.1 to +2.6 points of the copy on
+    # an H200; the L2 evicts those lines first)
     lds, sts, stzs = _copy.word_ops(sw, streaming=True)
     stzh = _copy.word_ops(hw, streaming=True)[2]
     load, store = _copy.batch_ops(hw, nb, streaming=True)
