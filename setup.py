@@ -68,8 +68,8 @@ libraries = [] if sys.platform == "win32" else ["m"]
 extensions = [
     Extension(
         f"moe_cpu.{name}",
-        [f"src/moe_cpu/{name}.pyx"],
-        depends=[f"src/moe_cpu/{name}.pyx", *(f"src/moe_cpu/{d}" for d in depends)],
+        [f"moe_cpu/{name}.pyx"],
+        depends=[f"moe_cpu/{name}.pyx", *(f"moe_cpu/{d}" for d in depends)],
         extra_compile_args=compile_args,
         extra_link_args=omp,
         libraries=libraries,
