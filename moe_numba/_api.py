@@ -5,18 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
-import numpy as np
-
-from . import _abi
 from ._arrays import array_library, call_key, check_arrays, locate
 from ._contract import (
+    PermuteArrays,
+    UnpermuteArrays,
     cached,
     check_permute_metadata,
     check_unpermute_metadata,
-    permute_outputs,
     raise_for_permute_status,
     raise_for_unpermute_status,
-    unpermute_outputs,
     with_capacities,
 )
 
@@ -33,40 +30,42 @@ def _dtype_of(x):
     return array_library(x).dtype(x)
 
 
-def _as_bytes(x):
-    """A C-contiguous NumPy array as ``uint8 [rows, row_bytes]`` (the rows' raw bytes)."""
-    return x.view(np.uint8).reshape(x.shape[0], x.shape[1] * x.dtype.itemsize)
-
-
-_PERMUTE_ARRAYS = ("hidden_states", "scale", "expert_routemap_topk", "expert_prob_topk")
-_UNPERMUTE_ARRAYS = (
-    "hidden_states_unzipped",
-    "zipped_expertwise_rowmap",
-    "expert_routemap_topk",
-    "token_prob_unzipped",
-)
 _permute_calls = {}  # call key -> (backend, metadata plan)
 _unpermute_calls = {}
 
 
-def _prepare(calls, names, arrays, scalars, check_metadata):
+def _prepare(calls, arrays, scalars, check_metadata):
     """(backend, plan) of a call: where its arrays live, its metadata checked, contiguity and
-    device checked, in that order; remembered by :func:`call_key` (errors never are)."""
+    device checked, in that order; remembered by :func:`call_key` (errors never are).
+
+    ``arrays`` is the op's arrays NamedTuple; its field names name the arguments in errors.
+    """
 
     def prepare():
-        named = dict(zip(names, arrays, strict=True))
-        backend = locate(named)
+        named = arrays._asdict()
+        location = locate(named)
         plan = check_metadata(*arrays, *scalars, shape_of=_shape_of, dtype_of=_dtype_of)
         check_arrays(named)
-        return backend, plan
+        return _BACKENDS[location](), plan
 
     return cached(calls, call_key(arrays, scalars), prepare)
 
 
-def _load_gpu_backend():
+def _cpu_backend():
+    from . import _cpu
+
+    return _cpu
+
+
+def _gpu_backend():
     from ._gpu import gpu_backend
 
     return gpu_backend()
+
+
+# location (see ``locate``) -> loader of the backend: both offer ``op(plan, arrays, validate)
+# -> (outputs, status)`` for every op
+_BACKENDS = {"cpu": _cpu_backend, "cuda": _gpu_backend}
 
 
 def moe_permute(
@@ -166,10 +165,10 @@ def moe_permute(
            [-1,  2, -1],
            [ 1,  3, -1]], dtype=int32)
     """
+    arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
     backend, plan = _prepare(
         _permute_calls,
-        _PERMUTE_ARRAYS,
-        (hidden_states, scale, expert_routemap_topk, expert_prob_topk),
+        arrays,
         (
             num_experts,
             padding_alignment,
@@ -182,44 +181,10 @@ def moe_permute(
         check_permute_metadata,
     )
     plan = with_capacities(plan, tokens_per_expert)
-    if backend == "cpu":
-        outputs, status = _permute_cpu(
-            plan, hidden_states, scale, expert_routemap_topk, expert_prob_topk, validate
-        )
-    else:
-        outputs, status = _load_gpu_backend().permute(
-            plan, hidden_states, scale, expert_routemap_topk, expert_prob_topk, validate
-        )
+    outputs, status = backend.permute(plan, arrays, validate)
     if validate:
         raise_for_permute_status(status, plan)
-    return outputs
-
-
-def _permute_cpu(plan, hidden_states, scale, routemap, probs, validate):
-    import moe_cpu
-
-    hidden, rowmap, row_probs, row_scale, indices = permute_outputs(plan, moe_cpu.empty)
-    status = np.empty(_abi.PERMUTE_STATUS_LEN, dtype=np.int64)
-    gather_scale = plan.do_gather and scale is not None
-    moe_cpu.permute(
-        _as_bytes(hidden_states) if plan.do_gather else None,
-        _as_bytes(scale) if gather_scale else None,
-        routemap,
-        probs,
-        plan.capacities,
-        plan.alignment,
-        _as_bytes(hidden) if plan.do_gather else None,
-        _as_bytes(row_scale) if gather_scale else None,
-        rowmap,
-        row_probs,
-        indices,
-        status,
-        validate,
-    )
-    outputs = (hidden, rowmap, row_probs, row_scale)
-    if indices is not None:
-        outputs += (indices,)
-    return outputs, status
+    return outputs.result()
 
 
 def moe_unpermute(
@@ -297,60 +262,16 @@ def moe_unpermute(
     >>> slot_probs
     array([[0.75, 0.25]], dtype=float32)
     """
+    arrays = UnpermuteArrays(
+        hidden_states_unzipped, zipped_expertwise_rowmap, expert_routemap_topk, token_prob_unzipped
+    )
     backend, plan = _prepare(
         _unpermute_calls,
-        _UNPERMUTE_ARRAYS,
-        (
-            hidden_states_unzipped,
-            zipped_expertwise_rowmap,
-            expert_routemap_topk,
-            token_prob_unzipped,
-        ),
+        arrays,
         (total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate),
         check_unpermute_metadata,
     )
-    if backend == "cpu":
-        outputs, status = _unpermute_cpu(
-            plan,
-            hidden_states_unzipped,
-            zipped_expertwise_rowmap,
-            expert_routemap_topk,
-            token_prob_unzipped,
-        )
-    else:
-        outputs, status = _load_gpu_backend().unpermute(
-            plan,
-            hidden_states_unzipped,
-            zipped_expertwise_rowmap,
-            expert_routemap_topk,
-            token_prob_unzipped,
-            validate,
-        )
+    outputs, status = backend.unpermute(plan, arrays, validate)
     if validate:
         raise_for_unpermute_status(status, plan)
     return outputs
-
-
-def _kernel_view(x, plan):
-    """float32 rows as they are, 16-bit rows as their uint16 bit patterns."""
-    return x if plan.data_type == _abi.DATA_FLOAT32 else x.view(np.uint16)
-
-
-def _unpermute_cpu(plan, rows, rowmap, routemap, probs):
-    import moe_cpu
-
-    hidden, slot_probs = unpermute_outputs(plan, moe_cpu.empty)
-    status = np.empty(_abi.UNPERMUTE_STATUS_LEN, dtype=np.int64)
-    moe_cpu.unpermute(
-        _kernel_view(rows, plan),
-        rowmap,
-        routemap,
-        probs.reshape(-1),
-        _kernel_view(hidden, plan),
-        slot_probs,
-        status,
-        plan.data_type,
-        plan.weighted,
-        plan.mix_precision,
-    )
-    return (hidden, slot_probs), status

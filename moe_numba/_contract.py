@@ -137,6 +137,39 @@ def capacities_from(tokens_per_expert, num_experts):
     return values.astype(np.int64)
 
 
+class PermuteArrays(NamedTuple):
+    """The array arguments of one ``moe_permute`` call, as the caller passed them."""
+
+    hidden_states: object
+    scale: object | None
+    expert_routemap_topk: object
+    expert_prob_topk: object
+
+
+class PermuteOutputs(NamedTuple):
+    """The outputs of one ``moe_permute`` call (``indices`` None unless asked for)."""
+
+    hidden: object
+    rowmap: object
+    probs: object
+    scale: object
+    indices: object | None
+
+    def result(self):
+        """The tuple ``moe_permute`` returns: ``expert_indices`` last, only when asked for."""
+        head = (self.hidden, self.rowmap, self.probs, self.scale)
+        return head if self.indices is None else (*head, self.indices)
+
+
+class UnpermuteArrays(NamedTuple):
+    """The array arguments of one ``moe_unpermute`` call, as the caller passed them."""
+
+    hidden_states_unzipped: object
+    zipped_expertwise_rowmap: object
+    expert_routemap_topk: object
+    token_prob_unzipped: object
+
+
 class PermutePlan(NamedTuple):
     """Shapes of one ``moe_permute`` call, decided from metadata alone."""
 
@@ -152,6 +185,21 @@ class PermutePlan(NamedTuple):
     capacities: np.ndarray | None  # None under override_buffer_size
     do_gather: bool
     return_expert_indices: bool
+
+    @property
+    def gather_scale(self):
+        """Whether scale rows are gathered: a scale was given and rows are copied."""
+        return self.do_gather and self.scale_dtype is not None
+
+    @property
+    def hidden_row_bytes(self):
+        """Bytes of one hidden row (0 when rows are not copied)."""
+        return self.hidden * self.hidden_dtype.itemsize if self.do_gather else 0
+
+    @property
+    def scale_row_bytes(self):
+        """Bytes of one scale row (0 when no scale rows are gathered)."""
+        return self.scale_width * 4 if self.gather_scale else 0
 
 
 def with_capacities(plan, tokens_per_expert):
@@ -360,12 +408,12 @@ def permute_outputs(plan, empty):
     hidden = empty((rows, plan.hidden), plan.hidden_dtype)
     rowmap = empty((plan.num_tokens, plan.num_experts), np.int32)
     probs = empty((plan.num_rows,), np.float32)
-    if plan.scale_dtype is not None and plan.do_gather:
+    if plan.gather_scale:
         scale = empty((plan.num_rows, plan.scale_width), plan.scale_dtype)
     else:
         scale = empty((0,), np.float32)
     indices = empty((plan.num_rows,), np.int32) if plan.return_expert_indices else None
-    return hidden, rowmap, probs, scale, indices
+    return PermuteOutputs(hidden, rowmap, probs, scale, indices)
 
 
 def unpermute_outputs(plan, empty):

@@ -81,17 +81,17 @@ class _GPUBackend:
             uploaded = self._capacities[key] = call.library.upload(capacities, call.like)
         return uploaded
 
-    def permute(self, plan, hidden_states, scale, routemap, probs, validate):
+    def permute(self, plan, arrays, validate):
+        """Run ``moe_permute`` on CUDA arrays: ``(outputs, status words or None)``."""
+        hidden_states, scale, routemap, probs = arrays
         call = _Call(hidden_states)
-        hidden, rowmap, row_probs, row_scale, indices = permute_outputs(plan, call.empty)
-        gather_scale = plan.do_gather and scale is not None
+        out = permute_outputs(plan, call.empty)
         capacity = None
         if plan.capacities is not None:
             capacity = call.buffer(self._capacities_on_device(call, plan.capacities))
-        hidden_itemsize = plan.hidden_dtype.itemsize
         status = self._permute(
             call.buffer(hidden_states) if plan.do_gather else None,
-            call.buffer(scale) if gather_scale else None,
+            call.buffer(scale) if plan.gather_scale else None,
             call.buffer(routemap),
             call.buffer(probs),
             capacity,
@@ -100,24 +100,23 @@ class _GPUBackend:
             num_experts=plan.num_experts,
             alignment=plan.alignment,
             num_rows=plan.num_rows,
-            hidden_row_bytes=plan.hidden * hidden_itemsize,
-            scale_row_bytes=plan.scale_width * 4 if gather_scale else 0,
+            hidden_row_bytes=plan.hidden_row_bytes,
+            scale_row_bytes=plan.scale_row_bytes,
             routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
-            out_hidden=call.buffer(hidden) if plan.do_gather else None,
-            out_scale=call.buffer(row_scale) if gather_scale else None,
-            out_rowmap=call.buffer(rowmap),
-            out_probs=call.buffer(row_probs),
-            out_indices=call.buffer(indices),
+            out_hidden=call.buffer(out.hidden) if plan.do_gather else None,
+            out_scale=call.buffer(out.scale) if plan.gather_scale else None,
+            out_rowmap=call.buffer(out.rowmap),
+            out_probs=call.buffer(out.probs),
+            out_indices=call.buffer(out.indices),
             validate=validate,
             alloc=call.alloc,
             stream=call.library.stream(hidden_states),
         )
-        outputs = (hidden, rowmap, row_probs, row_scale)
-        if indices is not None:
-            outputs += (indices,)
-        return outputs, (status.read() if validate else None)
+        return out, (status.read() if validate else None)
 
-    def unpermute(self, plan, rows, rowmap, routemap, probs, validate):
+    def unpermute(self, plan, arrays, validate):
+        """Run ``moe_unpermute`` on CUDA arrays: ``(outputs, status words or None)``."""
+        rows, rowmap, routemap, probs = arrays
         call = _Call(rows)
         hidden, slot_probs = unpermute_outputs(plan, call.empty)
         status = self._unpermute(

@@ -1,0 +1,66 @@
+"""The CPU backend: outputs from ``moe_cpu``'s caching allocator, then its Cython stages.
+
+Imported on the first call with NumPy arrays. Both backends (this module and :mod:`._gpu`)
+offer the same operations, each ``op(plan, arrays, validate) -> (outputs, status)``:
+``status`` is the op's status words (:mod:`._abi`) when ``validate`` is true, else None.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import moe_cpu
+
+from . import _abi
+from ._contract import permute_outputs, unpermute_outputs
+
+
+def _as_bytes(x):
+    """A C-contiguous NumPy array as ``uint8 [rows, row_bytes]`` (the rows' raw bytes)."""
+    return x.view(np.uint8).reshape(x.shape[0], x.shape[1] * x.dtype.itemsize)
+
+
+def _kernel_view(x, plan):
+    """float32 rows as they are, 16-bit rows as their uint16 bit patterns."""
+    return x if plan.data_type == _abi.DATA_FLOAT32 else x.view(np.uint16)
+
+
+def permute(plan, arrays, validate):
+    """Run ``moe_permute`` on NumPy arrays (see the module docstring)."""
+    out = permute_outputs(plan, moe_cpu.empty)
+    status = np.empty(_abi.PERMUTE_STATUS_LEN, dtype=np.int64)
+    moe_cpu.permute(
+        _as_bytes(arrays.hidden_states) if plan.do_gather else None,
+        _as_bytes(arrays.scale) if plan.gather_scale else None,
+        arrays.expert_routemap_topk,
+        arrays.expert_prob_topk,
+        plan.capacities,
+        plan.alignment,
+        _as_bytes(out.hidden) if plan.do_gather else None,
+        _as_bytes(out.scale) if plan.gather_scale else None,
+        out.rowmap,
+        out.probs,
+        out.indices,
+        status,
+        validate,
+    )
+    return out, (status if validate else None)
+
+
+def unpermute(plan, arrays, validate):
+    """Run ``moe_unpermute`` on NumPy arrays (see the module docstring)."""
+    hidden, slot_probs = unpermute_outputs(plan, moe_cpu.empty)
+    status = np.empty(_abi.UNPERMUTE_STATUS_LEN, dtype=np.int64)
+    moe_cpu.unpermute(
+        _kernel_view(arrays.hidden_states_unzipped, plan),
+        arrays.zipped_expertwise_rowmap,
+        arrays.expert_routemap_topk,
+        arrays.token_prob_unzipped.reshape(-1),
+        _kernel_view(hidden, plan),
+        slot_probs,
+        status,
+        plan.data_type,
+        plan.weighted,
+        plan.mix_precision,
+    )
+    return (hidden, slot_probs), (status if validate else None)
