@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 from ._arrays import array_library, call_key, check_arrays, locate
+from ._cache import BoundedCache
 from ._contract import (
     PermuteArrays,
     UnpermuteArrays,
-    cached,
     check_permute_metadata,
     check_unpermute_metadata,
     raise_for_permute_status,
@@ -30,8 +30,8 @@ def _dtype_of(x):
     return array_library(x).dtype(x)
 
 
-_permute_calls = {}  # call key -> (backend, metadata plan)
-_unpermute_calls = {}
+_permute_calls = BoundedCache(256)  # call key -> (backend, metadata plan)
+_unpermute_calls = BoundedCache(256)
 
 
 def _prepare(calls, arrays, scalars, check_metadata):
@@ -48,7 +48,7 @@ def _prepare(calls, arrays, scalars, check_metadata):
         check_arrays(named)
         return _BACKENDS[location](), plan
 
-    return cached(calls, call_key(arrays, scalars), prepare)
+    return calls.get_or_compute(call_key(arrays, scalars), prepare)
 
 
 def _cpu_backend():

@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from . import _abi
+from ._cache import BoundedCache
 
 # frozensets: a dtype is hashed once instead of compared with each entry
 HIDDEN_DTYPES = frozenset(
@@ -37,22 +38,8 @@ ROUTEMAP_DTYPES = frozenset((np.dtype(np.int32), np.dtype(np.int64)))
 FLOAT32 = frozenset((np.dtype(np.float32),))
 INT32 = frozenset((np.dtype(np.int32),))
 
-# Bounded caches (cleared when full): a training loop repeats the same metadata and often the
-# same capacities, so their checks run once.
-_CACHE_SIZE = 256
-_capacity_plans = {}  # (metadata plan, tokens_per_expert) -> plan with capacities and rows
-
-
-def cached(cache, key, compute):
-    """``compute()``, remembered in ``cache`` under ``key`` (when not None)."""
-    value = None if key is None else cache.get(key)
-    if value is None:
-        value = compute()
-        if key is not None:
-            if len(cache) >= _CACHE_SIZE:
-                cache.clear()
-            cache[key] = value
-    return value
+# A training loop repeats the same metadata and often the same capacities: their checks run once.
+_capacity_plans = BoundedCache(256)  # (metadata plan, tokens_per_expert) -> plan with rows
 
 
 def _names(dtypes):
@@ -209,10 +196,8 @@ def with_capacities(plan, tokens_per_expert):
     """
     if plan.num_rows >= 0:
         return plan
-    return cached(
-        _capacity_plans,
-        _capacities_key(plan, tokens_per_expert),
-        lambda: _plan_rows(plan, tokens_per_expert),
+    return _capacity_plans.get_or_compute(
+        _capacities_key(plan, tokens_per_expert), lambda: _plan_rows(plan, tokens_per_expert)
     )
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 
 from ._arrays import array_library
+from ._cache import BoundedCache
 from ._contract import permute_outputs, unpermute_outputs
 from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError
 
 _BACKEND = None
-_CAPACITY_CACHE_SIZE = 64
 
 
 def gpu_backend():
@@ -65,7 +65,7 @@ class _GPUBackend:
 
         self._permute = permute.permute
         self._unpermute = unpermute.unpermute
-        self._capacities = {}
+        self._capacities = BoundedCache(64)
 
     def _capacities_on_device(self, call, capacities):
         """``tokens_per_expert`` on the arrays' device, uploaded once per distinct value.
@@ -74,12 +74,9 @@ class _GPUBackend:
         (fixed capacities are common in serving); a training step with new counts uploads.
         """
         key = (call.library.name, call.library.device(call.like), capacities.tobytes())
-        uploaded = self._capacities.get(key)
-        if uploaded is None:
-            if len(self._capacities) >= _CAPACITY_CACHE_SIZE:
-                self._capacities.clear()
-            uploaded = self._capacities[key] = call.library.upload(capacities, call.like)
-        return uploaded
+        return self._capacities.get_or_compute(
+            key, lambda: call.library.upload(capacities, call.like)
+        )
 
     def permute(self, plan, arrays, validate):
         """Run ``moe_permute`` on CUDA arrays: ``(outputs, status words or None)``."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import config, cuda
 
+from .._cache import BoundedCache
 from .._errors import INSTALL_GPU_EXTRA, MISSING_TOOLKIT_ERRORS, GPUUnavailableError
 
 SIM = bool(config.ENABLE_CUDASIM)
@@ -92,7 +93,7 @@ class RawKernel:
 
 
 _STREAMS = {}
-_CONFIGS = {}
+_CONFIGS = BoundedCache(4096)  # grids vary with the token count
 
 
 def _current_device():
@@ -161,10 +162,8 @@ class Launcher:
         key = (grid, block, shmem, overlap)
         launch_config = _CONFIGS.get(key)
         if launch_config is None:
-            if len(_CONFIGS) > 4096:  # grids vary with the token count: keep the cache bounded
-                _CONFIGS.clear()
             options = {"programmatic_stream_serialization": True} if overlap else {}
-            launch_config = _CONFIGS[key] = LaunchConfig(
-                grid=grid, block=block, shmem_size=shmem, **options
+            launch_config = _CONFIGS.put(
+                key, LaunchConfig(grid=grid, block=block, shmem_size=shmem, **options)
             )
         launch(self.stream, launch_config, kernel.cu_kernel(self.device), *args)
