@@ -108,14 +108,17 @@ def _parser():
         help="time the standard sweep over T, E, K and dtypes instead of one shape",
     )
     bench.add_argument("--quick", action="store_true", help="fewer repetitions and a shorter sweep")
-    for name in ("tokens", "hidden", "experts", "topk", "alignment"):
+    for name in ("tokens", "hidden", "experts", "alignment"):
         shown = f"{CUDA_DEFAULT[name]} on a GPU, {CPU_DEFAULT[name]} on the CPU"
-        _number(bench, name, default_text=shown + (", or E if fewer" if name == "topk" else ""))
+        _number(bench, name, default_text=shown)
+    _number(bench, "topk", default_text=f"{CUDA_DEFAULT['topk']}, or E if fewer")
     bench.add_argument(
         "--dtype", choices=sorted(DTYPES), help="row dtype of the one shape (default bf16)"
     )
     _number(bench, "repeat", default_text="15 on a GPU, 7 on the CPU; with --quick 5, 3")
-    bench.add_argument("--json", metavar="FILE", help="save the results as JSON")
+    bench.add_argument(
+        "--json", metavar="FILE", help="save the results as JSON (rewritten after every shape)"
+    )
     bench.add_argument(
         "--compare",
         metavar="OLD.json",

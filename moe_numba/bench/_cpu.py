@@ -7,22 +7,27 @@ import dataclasses
 
 from . import _numpy
 from ._cases import make_inputs
-from ._target import CpuTarget
 from ._timers import WallTimer
 from ._workload import operations, time_operations
 
 
-def bench_case(case, repeat):
-    """Results of the permute and the weighted unpermute of ``case``: ``repeat`` timed calls
-    each, and a third as many (at least 3) of the NumPy baseline."""
-    target = CpuTarget()
-    results = time_operations(case, operations(case, target), target, WallTimer(repeat))
+def bench_case(case, target, timer):
+    """Results of the permute and the weighted unpermute of ``case`` on ``target`` (a
+    :class:`._target.CpuTarget`), timed by ``timer`` (a :class:`._timers.WallTimer`), and
+    of the NumPy baseline, with a third as many repetitions (at least 3)."""
+    results = time_operations(case, operations(case, target), target, timer)
     x = make_inputs(case)
-    permuted = _numpy.permute(x.hidden, x.routemap, x.probs, x.counts, case.alignment)
-    rows, rowmap, row_probs = permuted
+
+    def numpy_permute():
+        return _numpy.permute(x.hidden, x.routemap, x.probs, x.counts, case.alignment)
+
+    rows, rowmap, row_probs = numpy_permute()
     baselines = {
-        "permute": lambda: _numpy.permute(x.hidden, x.routemap, x.probs, x.counts, case.alignment),
+        "permute": numpy_permute,
         "unpermute weighted": lambda: _numpy.unpermute(rows, rowmap, x.routemap, row_probs),
     }
-    timer = WallTimer(max(3, repeat // 3))
-    return [dataclasses.replace(r, numpy_us=timer.time(baselines[r.op])["wall"]) for r in results]
+    baseline_timer = WallTimer(max(3, timer.repeat // 3))
+    return [
+        dataclasses.replace(r, numpy_us=baseline_timer.time(baselines[r.op])["wall"])
+        for r in results
+    ]

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import sys
 
-from ._timers import CudaTimer
 from ._workload import operations, time_operations
 
 
-def bench_case(case, target, timer=None, repeat=15):
+def bench_case(case, target, timer):
     """Results of the permute and the weighted unpermute of ``case`` on ``target`` (a
-    :class:`._target.CudaTarget`), each with ``validate=True`` and ``validate=False``.
+    :class:`._target.CudaTarget`), each with ``validate=True`` and ``validate=False``, timed
+    by ``timer`` (a :class:`._timers.CudaTimer`).
 
-    ``timer`` defaults to a :class:`._timers.CudaTimer` of ``repeat`` batches. A warning goes
-    to stderr when a batch outlasted the stream hold (its time then includes host time).
+    A warning goes to stderr when a batch outlasted the stream hold (its GPU time then
+    includes host time).
     """
-    timer = timer or CudaTimer(repeat)
     before = timer.hold_timeouts
     ops = operations(case, target, validates=(True, False))
     results = time_operations(case, ops, target, timer)

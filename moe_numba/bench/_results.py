@@ -15,7 +15,7 @@ in the same modes, and bandwidths are taken from the first mode (``gpu`` or ``wa
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 from ._cases import Case
 
@@ -52,7 +52,7 @@ class Result:
     nbytes: int
     us: dict[str, float]
     copy_us: dict[str, float]
-    numpy_us: float | None = field(default=None)
+    numpy_us: float | None = None
 
     @property
     def modes(self):

@@ -48,18 +48,12 @@ def run(settings):
         file=sys.stderr,
     )
     if target.device == "cuda":
-        from ._cuda import bench_case
-        from ._timers import CudaTimer
-
-        timer = CudaTimer(settings.repeat)
-
-        def bench(case):
-            return bench_case(case, target, timer)
+        from . import _cuda as backend
+        from ._timers import CudaTimer as Timer
     else:
-        from ._cpu import bench_case
-
-        def bench(case):
-            return bench_case(case, settings.repeat)
+        from . import _cpu as backend
+        from ._timers import WallTimer as Timer
+    timer = Timer(settings.repeat)
 
     results = []
     began = time.perf_counter()
@@ -69,10 +63,10 @@ def run(settings):
             file=sys.stderr,
             flush=True,
         )
-        results += bench(case)
+        results += backend.bench_case(case, target, timer)
+        if settings.json:  # after every shape, so that a run cut short keeps what it measured
+            _results.save(settings.json, target.description, results)
     print_table(results)
-    if settings.json:
-        _results.save(settings.json, target.description, results)
     if settings.previous:
         print_comparison(results, settings.previous[1], settings.previous[0])
     if settings.plot:
