@@ -28,7 +28,8 @@ def plot(results, path, backend):
     ax.set_xlabel("tokens T")
     ax.set_ylabel(f"% of copy bandwidth (same bytes, {results[0].modes[0]} time)")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"moe-numba on {backend}: bf16 H={first.hidden} E={first.experts} K={first.topk}")
+    shape = f"bf16 H={first.hidden} E={first.experts} K={first.topk}"
+    ax.set_title(f"moe-numba, {shape}\n{backend}", fontsize=10)
     ax.grid(True, alpha=0.3)
     if ax.get_lines():
         ax.legend()
