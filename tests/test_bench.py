@@ -202,6 +202,13 @@ def test_comparison(capsys):
     assert "2 result(s) of this run are not in old.json" in out
 
 
+def test_comparison_across_backends_says_there_is_nothing_to_compare(capsys):
+    cpu = Result(BF16, "permute", 2_000_000, {"wall": 900.0}, {"wall": 500.0})
+    _report.print_comparison([_gpu_results()[0]], [cpu], "cpu.json")
+    out = capsys.readouterr().out
+    assert out.count("(measured in other modes there: wall)") == 2  # the copy and the op
+
+
 def test_plot(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the bench extra")
     from moe_numba.bench._plot import plot

@@ -78,6 +78,8 @@ def print_comparison(results, previous, path, out=None):
             for m in figures
             if m in before_figures
         ]
+        if not cells:
+            cells = [f"(measured in other modes there: {', '.join(before_figures)})"]
         print(f"  {name:<{_OP - 2}} " + "  ".join(cells), file=out)
     if missing:
         print(f"{missing} result(s) of this run are not in {path}", file=out)
