@@ -77,8 +77,8 @@ extensions = [
     for name, depends in [
         ("_parallel", ["_parallel.pxd"]),
         ("_memory", []),
-        ("_permute", ["_parallel.pxd"]),
-        ("_unpermute", ["_parallel.pxd", "_combine.h"]),
+        ("_permute", ["_common.pxd", "_parallel.pxd"]),
+        ("_unpermute", ["_common.pxd", "_parallel.pxd", "_combine.h"]),
     ]
 ]
 

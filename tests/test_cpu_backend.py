@@ -1,10 +1,14 @@
-"""The moe_cpu backend called directly, bit for bit against the NumPy oracle.
+"""The CPU backend through its real glue (``moe_numba._cpu``), bit for bit against the oracle.
 
-The public API and the backend-parametrised suite live elsewhere; these tests build the
-backend's raw arguments themselves (byte views, preallocated outputs filled with garbage, so
-that an element the backend forgets to write shows up) and compare every output and status word
-with ``moe_numba._oracle``.
+The public API and the backend-parametrised suite live elsewhere; these tests plan a call
+with the contract, run ``_cpu.permute`` / ``_cpu.unpermute`` with an allocator that fills
+every output and status word with garbage (so that an element the backend forgets to write
+shows up), and compare everything with ``moe_numba._oracle``. ``moe_cpu``'s own entry points
+are called directly where the glue would not pass the arguments (shape errors, saturation).
 """
+
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -13,9 +17,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import moe_cpu
-from _cases import HIDDEN_DTYPES, counts_of
+from _cases import FLOAT8, HIDDEN_DTYPES, counts_of
 from moe_cpu import _unpermute
-from moe_numba import _abi, _oracle
+from moe_cpu._parallel import copy_rows
+from moe_numba import _abi, _cpu, _oracle
+from moe_numba._contract import (
+    ArrayMeta,
+    PermuteArrays,
+    UnpermuteArrays,
+    check_permute_metadata,
+    check_unpermute_metadata,
+    with_capacities,
+)
 
 GARBAGE = 0xA5
 DATA_TYPES = {
@@ -42,6 +55,42 @@ def bits(a):
     return np.ascontiguousarray(a).view(np.uint8)
 
 
+def metadata(arrays):
+    """The contract's view of NumPy arrays (what ``moe_numba._api`` hands it)."""
+    return arrays._make(None if x is None else ArrayMeta(x.shape, x.dtype) for x in arrays)
+
+
+def test_moe_cpu_imports_nothing_of_moe_numba():
+    code = (
+        "import sys, moe_cpu; "
+        "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'moe_numba'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
+def test_moe_cpu_tables_equal_the_api_tables():
+    assert moe_cpu.STATUS_SLOTS == _abi.STATUS_SLOTS
+    assert moe_cpu.DATA_TYPES == _abi.DATA_TYPES
+    _abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, moe_cpu.DATA_TYPES)
+
+
+def test_a_table_that_differs_is_an_import_error():
+    slots = dict(moe_cpu.STATUS_SLOTS, PERMUTE_MISMATCH=9)
+    del slots["UNPERMUTE_BAD_ROW"]
+    with pytest.raises(
+        ImportError,
+        match=r"moe_cpu was built from other sources than moe_numba "
+        r"\(STATUS_SLOTS\['PERMUTE_MISMATCH'\] is 4 in moe_numba._abi but 9 in moe_cpu; "
+        r"STATUS_SLOTS\['UNPERMUTE_BAD_ROW'\] is 2 in moe_numba._abi but None in moe_cpu\)",
+    ):
+        _abi.check_tables("moe_cpu", slots, moe_cpu.DATA_TYPES)
+    with pytest.raises(ImportError, match=r"DATA_TYPES\['DATA_FLOAT16'\] is 2 .* but 5 in moe_cpu"):
+        _abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, dict(moe_cpu.DATA_TYPES, DATA_FLOAT16=5))
+
+
 # ---------------------------------------------------------------------------------- permute
 
 
@@ -58,41 +107,24 @@ def cpu_permute(
     override_buffer_size=-1,
     validate=False,
 ):
-    """moe_cpu.permute with outputs shaped as the oracle's; returns (outputs, status)."""
-    T = routemap.shape[0]
-    if override_buffer_size >= 0:
-        capacity, R = None, override_buffer_size
-    else:
-        capacity = np.asarray(tokens_per_expert, np.int64)
-        R = int(_oracle.padded_rows(capacity, alignment).sum())
-    gather_scale = do_gather and scale is not None
-    out_hidden = garbage((R if do_gather else 0, hidden.shape[1]), hidden.dtype)
-    out_scale = (
-        garbage((R, scale.shape[1]), scale.dtype) if gather_scale else np.zeros(0, np.float32)
+    """``_cpu.permute`` on a plan made by the contract, into garbage-filled outputs.
+
+    Returns the output tuple and the status words (None with ``validate=False``).
+    """
+    arrays = PermuteArrays(hidden, scale, routemap, probs)
+    plan = check_permute_metadata(
+        metadata(arrays),
+        num_experts=num_experts,
+        padding_alignment=alignment,
+        do_gather=do_gather,
+        using_ue8m0_scale=scale is not None and scale.dtype == np.int32,
+        return_expert_indices=return_expert_indices,
+        override_buffer_size=override_buffer_size,
+        validate=validate,
     )
-    out_rowmap = garbage((T, num_experts), np.int32)
-    out_probs = garbage(R, np.float32)
-    out_indices = garbage(R, np.int32) if return_expert_indices else None
-    status = garbage(_abi.PERMUTE_STATUS_LEN, np.int64)
-    moe_cpu.permute(
-        bits(hidden) if do_gather else None,
-        bits(scale) if gather_scale else None,
-        routemap,
-        probs,
-        capacity,
-        alignment,
-        out_hidden.view(np.uint8) if do_gather else None,
-        out_scale.view(np.uint8) if gather_scale else None,
-        out_rowmap,
-        out_probs,
-        out_indices,
-        status,
-        validate,
-    )
-    outputs = (out_hidden, out_rowmap, out_probs, out_scale)
-    if return_expert_indices:
-        outputs += (out_indices,)
-    return outputs, status
+    plan = with_capacities(plan, tokens_per_expert)
+    outputs, status = _cpu.permute(plan, arrays, validate, empty=garbage)
+    return outputs.result(), status
 
 
 def check_permute(
@@ -107,7 +139,11 @@ def check_permute(
     return_expert_indices=True,
     override_buffer_size=-1,
 ):
-    """Both validate modes against the oracle; returns the oracle's status."""
+    """Both validate modes against the oracle; returns the oracle's status.
+
+    ``validate=False`` writes every output whatever the values; ``validate=True`` returns the
+    status words, and writes the outputs only where they report nothing.
+    """
     args = (hidden, scale, routemap, probs, num_experts, tokens_per_expert, alignment)
     kwargs = dict(
         do_gather=do_gather,
@@ -116,7 +152,7 @@ def check_permute(
     )
     expected, expected_status = _oracle.permute(*args, **kwargs)
     got, status = cpu_permute(*args, **kwargs, validate=False)
-    np.testing.assert_array_equal(status, expected_status)
+    assert status is None
     assert len(got) == len(expected)
     for g, e in zip(got, expected, strict=True):
         assert g.shape == e.shape and g.dtype == e.dtype
@@ -168,19 +204,22 @@ def permute_cases(draw):
     elif mode == "override":
         needed = int(_oracle.padded_rows(counts, alignment).sum())
         override = max(0, needed + draw(st.integers(-6, 6)))
+    dtype = np.dtype(draw(st.sampled_from(HIDDEN_DTYPES)))
+    do_gather = draw(st.booleans()) or draw(st.booleans())
     scale = None
-    if draw(st.booleans()):
+    # the contract requires a scale with float8 rows that are gathered
+    if draw(st.booleans()) or (do_gather and dtype in FLOAT8):
         scale_dtype = draw(st.sampled_from([np.float32, np.int32]))
         scale = random_bits(rng, (T, draw(st.integers(1, 3))), scale_dtype)
     return dict(
-        hidden=random_bits(rng, (T, H), draw(st.sampled_from(HIDDEN_DTYPES))),
+        hidden=random_bits(rng, (T, H), dtype),
         scale=scale,
         routemap=routemap,
         probs=random_bits(rng, (T, K), np.float32),
         num_experts=E,
         tokens_per_expert=tokens_per_expert,
         alignment=alignment,
-        do_gather=draw(st.booleans()) or draw(st.booleans()),
+        do_gather=do_gather,
         return_expert_indices=draw(st.booleans()),
         override_buffer_size=override,
     )
@@ -230,10 +269,12 @@ def test_permute_chunks_and_threads():
     results = []
     for threads in (1, 2, 3):
         moe_cpu.set_num_threads(threads)
+        # validate=False: every output; validate=True: the status words (they report errors)
         results.append(
             [
-                cpu_permute(*args, counts, 4),
-                cpu_permute(*args, counts, 4, override_buffer_size=2000),
+                cpu_permute(*args, counts, 4, override_buffer_size=override, validate=validate)
+                for override in (-1, 2000)
+                for validate in (False, True)
             ]
         )
         if threads == 2:
@@ -243,6 +284,7 @@ def test_permute_chunks_and_threads():
             np.testing.assert_array_equal(sa, sb)
             for x, y in zip(a, b, strict=True):
                 np.testing.assert_array_equal(bits(x), bits(y))
+    assert results[0][1][1][_abi.PERMUTE_BAD_ID] == 1700 * 5 + 2
 
 
 def test_permute_many_experts_and_slots():
@@ -327,14 +369,14 @@ def test_permute_large_alignment_and_capacity():
             routemap,
             probs,
             cap,
-            alignment,
             out,
             None,
             rowmap,
             row_probs,
             None,
             status,
-            False,
+            alignment=alignment,
+            validate=False,
         )
         assert rowmap[0, 0] == 0 and rowmap[1, 0] == 1
         assert (rowmap[:, 1] == -1).all() and (out[2:] == 0).all()
@@ -346,24 +388,17 @@ def test_permute_large_alignment_and_capacity():
 
 
 def cpu_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision):
-    data_type, kernel_dtype = DATA_TYPES[rows.dtype]
-    T, K = routemap.shape
-    out_hidden = garbage((T, rows.shape[1]), rows.dtype)
-    out_probs = garbage((T, K), np.float32)
-    status = garbage(_abi.UNPERMUTE_STATUS_LEN, np.int64)
-    moe_cpu.unpermute(
-        rows.view(kernel_dtype),
-        rowmap,
-        routemap,
-        probs,
-        out_hidden.view(kernel_dtype),
-        out_probs,
-        status,
-        data_type,
-        weighted,
-        mix_precision,
+    """``_cpu.unpermute`` on a plan made by the contract, into garbage-filled outputs."""
+    arrays = UnpermuteArrays(rows, rowmap, routemap, probs)
+    plan = check_unpermute_metadata(
+        metadata(arrays),
+        total_zipped_tokens=rowmap.shape[0],
+        num_experts=rowmap.shape[1],
+        using_mix_precision=mix_precision,
+        using_weighted_combine=weighted,
+        validate=True,
     )
-    return (out_hidden, out_probs), status
+    return _cpu.unpermute(plan, arrays, True, empty=garbage)
 
 
 def check_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision):
@@ -552,31 +587,137 @@ def test_unpermute_threads_identical():
                 np.testing.assert_array_equal(bits(x), bits(y))
 
 
+def unpermute_arguments(rows_dtype=np.float32, T=3, E=2, K=2, R=4, H=5):
+    """Consistent arguments of moe_cpu.unpermute, all -1 maps."""
+    return dict(
+        rows=np.zeros((R, H), rows_dtype),
+        rowmap=np.full((T, E), -1, np.int32),
+        routemap=np.full((T, K), -1, np.int32),
+        probs=np.zeros(R, np.float32),
+        out_hidden=np.empty((T, H), rows_dtype),
+        out_probs=np.empty((T, K), np.float32),
+        status=np.empty(_abi.UNPERMUTE_STATUS_LEN, np.int64),
+    )
+
+
 def test_unpermute_data_type_mismatch():
-    rows = np.ones((2, 2), np.float32)
-    args = (np.zeros((1, 1), np.int32), np.zeros((1, 1), np.int32), np.ones(2, np.float32))
-    with pytest.raises(ValueError, match="DATA_FLOAT32"):
-        moe_cpu.unpermute(
-            rows,
-            *args,
-            np.empty((1, 2), np.float32),
-            np.empty((1, 1), np.float32),
-            np.empty(4, np.int64),
-            _abi.DATA_BFLOAT16,
-            False,
-            True,
-        )
-    with pytest.raises(ValueError, match="DATA_BFLOAT16"):
-        moe_cpu.unpermute(
-            np.ones((2, 2), np.uint16),
-            *args,
-            np.empty((1, 2), np.uint16),
-            np.empty((1, 1), np.float32),
-            np.empty(4, np.int64),
-            _abi.DATA_FLOAT32,
-            False,
-            True,
-        )
+    flags = dict(weighted=False, mix_precision=True)
+    args = unpermute_arguments(np.float32)
+    with pytest.raises(ValueError, match="float32 rows need data_type DATA_FLOAT32; got 1"):
+        moe_cpu.unpermute(**args, data_type=_abi.DATA_BFLOAT16, **flags)
+    args = unpermute_arguments(np.uint16)
+    with pytest.raises(
+        ValueError, match="uint16 rows need data_type DATA_BFLOAT16 or DATA_FLOAT16; got 0"
+    ):
+        moe_cpu.unpermute(**args, data_type=_abi.DATA_FLOAT32, **flags)
+    moe_cpu.unpermute(**args, data_type=_abi.DATA_FLOAT16, **flags)
+
+
+@pytest.mark.parametrize(
+    "name, shape, message",
+    [
+        ("routemap", (4, 2), r"routemap must have shape \[T, K\] = \(3, 2\); got \(4, 2\)"),
+        ("probs", (5,), r"probs must have shape \[R\] = \(4,\); got \(5,\)"),
+        ("out_hidden", (3, 6), r"out_hidden must have shape \[T, H\] = \(3, 5\); got \(3, 6\)"),
+        ("out_probs", (3, 1), r"out_probs must have shape \[T, K\] = \(3, 2\); got \(3, 1\)"),
+        ("status", (3,), r"status must have shape \[UNPERMUTE_STATUS_LEN\] = \(4,\); got \(3,\)"),
+    ],
+)
+def test_unpermute_shapes_must_agree(name, shape, message):
+    args = unpermute_arguments()
+    args[name] = np.zeros(shape, args[name].dtype)
+    with pytest.raises(ValueError, match=message):
+        moe_cpu.unpermute(**args, data_type=_abi.DATA_FLOAT32, weighted=True, mix_precision=True)
+
+
+def permute_arguments(T=3, K=2, E=4, R=6, hb=8, sb=4):
+    """Consistent arguments of moe_cpu.permute (rows and scale rows gathered)."""
+    return dict(
+        hidden=np.zeros((T, hb), np.uint8),
+        scale=np.zeros((T, sb), np.uint8),
+        routemap=np.full((T, K), -1, np.int32),
+        probs=np.zeros((T, K), np.float32),
+        capacity=np.zeros(E, np.int64),
+        out_hidden=np.empty((R, hb), np.uint8),
+        out_scale=np.empty((R, sb), np.uint8),
+        out_rowmap=np.empty((T, E), np.int32),
+        out_probs=np.empty(R, np.float32),
+        out_indices=np.empty(R, np.int32),
+        status=np.empty(_abi.PERMUTE_STATUS_LEN, np.int64),
+    )
+
+
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("probs", np.zeros((3, 3), np.float32), r"probs must have shape \[T, K\] = \(3, 2\); "),
+        ("out_rowmap", np.zeros((2, 4), np.int32), r"out_rowmap must have shape \[T, E\] = "),
+        ("capacity", np.zeros(5, np.int64), r"capacity must have shape \[E\] = \(4,\); got"),
+        ("hidden", np.zeros((4, 8), np.uint8), r"hidden must have shape \[T, hb\] = \(3, 8\)"),
+        ("out_hidden", np.zeros((6, 7), np.uint8), r"out_hidden must have shape \[R, hb\] = "),
+        ("scale", np.zeros((2, 4), np.uint8), r"scale must have shape \[T, sb\] = \(3, 4\)"),
+        ("out_scale", np.zeros((5, 4), np.uint8), r"out_scale must have shape \[R, sb\] = "),
+        ("out_indices", np.zeros(7, np.int32), r"out_indices must have shape \[R\] = \(6,\)"),
+        ("status", np.zeros(8, np.int64), r"status must have shape \[PERMUTE_STATUS_LEN\]"),
+        (
+            "out_hidden",
+            None,
+            "hidden and out_hidden must both be arrays .* or both be None; "
+            "got hidden=an array, out_hidden=None",
+        ),
+        (
+            "scale",
+            None,
+            "scale and out_scale must both be arrays .* or both be None; "
+            "got scale=None, out_scale=an array",
+        ),
+    ],
+)
+def test_permute_shapes_must_agree(name, value, message):
+    args = permute_arguments()
+    args[name] = value
+    with pytest.raises(ValueError, match=message):
+        moe_cpu.permute(**args, alignment=1, validate=False)
+
+
+def test_permute_alignment_below_one():
+    with pytest.raises(ValueError, match="alignment must be >= 1; got 0"):
+        moe_cpu.permute(**permute_arguments(), alignment=0, validate=False)
+    moe_cpu.permute(**permute_arguments(), alignment=1, validate=False)
+
+
+def test_the_glue_allocates_every_output_and_status_word_with_empty():
+    """``empty=`` serves every array the glue makes (so garbage would show up anywhere)."""
+    requests = []
+
+    def recording(shape, dtype):
+        requests.append((tuple(shape), np.dtype(dtype)))
+        return garbage(shape, dtype)
+
+    hidden = np.ones((3, 2), ml_dtypes.bfloat16)
+    arrays = PermuteArrays(
+        hidden, np.ones((3, 1), np.float32), np.zeros((3, 1), np.int32), np.ones((3, 1), np.float32)
+    )
+    plan = check_permute_metadata(
+        metadata(arrays),
+        num_experts=2,
+        padding_alignment=2,
+        do_gather=True,
+        using_ue8m0_scale=False,
+        return_expert_indices=True,
+        override_buffer_size=-1,
+        validate=True,
+    )
+    outputs, status = _cpu.permute(with_capacities(plan, [3, 0]), arrays, True, empty=recording)
+    assert requests == [
+        ((4, 2), np.dtype(ml_dtypes.bfloat16)),
+        ((3, 2), np.dtype(np.int32)),
+        ((4,), np.dtype(np.float32)),
+        ((4, 1), np.dtype(np.float32)),
+        ((4,), np.dtype(np.int32)),
+        ((_abi.PERMUTE_STATUS_LEN,), np.dtype(np.int64)),
+    ]
+    assert (status == -1).all() and outputs.result()[1].tolist() == [[0, -1], [1, -1], [2, -1]]
 
 
 # ------------------------------------------------------------------------------ conversions
@@ -667,9 +808,9 @@ def test_threads_api():
     assert moe_cpu.get_num_threads() == (3 if moe_cpu.openmp_enabled() else 1)
     moe_cpu.set_num_threads(None)
     assert moe_cpu.get_num_threads() == default
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="n must be a positive int or None, got 0"):
         moe_cpu.set_num_threads(0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="n must be a positive int or None, got float"):
         moe_cpu.set_num_threads(2.0)
 
 
@@ -679,11 +820,11 @@ def test_copy_rows(size, threads):
     moe_cpu.set_num_threads(threads)
     src = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
     dst = garbage(size, np.uint8)
-    moe_cpu.copy_rows(src, dst)
+    copy_rows(src, dst)
     np.testing.assert_array_equal(dst, src)
     src2d = src[: size // 2 * 2].reshape(-1, 2) if size > 1 else src.reshape(-1, 1)
     dst2d = garbage(src2d.shape, np.uint8)
-    moe_cpu.copy_rows(src2d, dst2d)
+    copy_rows(src2d, dst2d)
     np.testing.assert_array_equal(dst2d, src2d)
-    with pytest.raises(ValueError):
-        moe_cpu.copy_rows(src, np.empty(size + 1, np.uint8))
+    with pytest.raises(ValueError, match=f"dst must have {size} elements, got {size + 1}"):
+        copy_rows(src, np.empty(size + 1, np.uint8))
