@@ -354,7 +354,7 @@ def permute(
     p.R = out_probs.shape[0]
     p.A = alignment
     _check_permute_shapes(hidden, scale, probs, capacity, out_hidden, out_scale, out_rowmap,
-                          out_indices, status, &p, hb, sb)
+                          out_indices, status, &p)
     if alignment < 1:
         raise ValueError(f"alignment must be >= 1; got {alignment}")
     cdef const uint8_t* hidden_ptr = NULL if p.T == 0 or hidden is None else &hidden[0, 0]
@@ -408,7 +408,6 @@ cdef int _check_permute_shapes(
     const uint8_t[:, ::1] hidden, const uint8_t[:, ::1] scale, const float[:, ::1] probs,
     const int64_t[::1] capacity, uint8_t[:, ::1] out_hidden, uint8_t[:, ::1] out_scale,
     int32_t[:, ::1] out_rowmap, int32_t[::1] out_indices, int64_t[::1] status, Plan* p,
-    int64_t hb, int64_t sb,
 ) except -1:
     """Raise ValueError unless every shape agrees with routemap's [T, K], E and R."""
     if probs.shape[0] != p.T or probs.shape[1] != p.K:
@@ -417,31 +416,29 @@ cdef int _check_permute_shapes(
         raise shape_error("out_rowmap", (out_rowmap.shape[0], p.E), "[T, E]", (p.T, p.E))
     if capacity is not None and capacity.shape[0] != p.E:
         raise shape_error("capacity", (capacity.shape[0],), "[E]", (p.E,))
-    if (hidden is None) != (out_hidden is None):
-        raise ValueError("hidden and out_hidden must both be arrays (rows are gathered) or "
-                         f"both be None; got hidden={_kind(hidden)}, "
-                         f"out_hidden={_kind(out_hidden)}")
-    if hidden is not None:
-        if hidden.shape[0] != p.T:
-            raise shape_error("hidden", (hidden.shape[0], hb), "[T, hb]", (p.T, hb))
-        if out_hidden.shape[0] != p.R or out_hidden.shape[1] != hb:
-            raise shape_error("out_hidden", (out_hidden.shape[0], out_hidden.shape[1]),
-                              "[R, hb]", (p.R, hb))
-    if (scale is None) != (out_scale is None):
-        raise ValueError("scale and out_scale must both be arrays (scale rows are gathered) "
-                         f"or both be None; got scale={_kind(scale)}, "
-                         f"out_scale={_kind(out_scale)}")
-    if scale is not None:
-        if scale.shape[0] != p.T:
-            raise shape_error("scale", (scale.shape[0], sb), "[T, sb]", (p.T, sb))
-        if out_scale.shape[0] != p.R or out_scale.shape[1] != sb:
-            raise shape_error("out_scale", (out_scale.shape[0], out_scale.shape[1]),
-                              "[R, sb]", (p.R, sb))
+    _check_rows("hidden", hidden, "out_hidden", out_hidden, p, "hb")
+    _check_rows("scale", scale, "out_scale", out_scale, p, "sb")
     if out_indices is not None and out_indices.shape[0] != p.R:
         raise shape_error("out_indices", (out_indices.shape[0],), "[R]", (p.R,))
     if status.shape[0] != PERMUTE_STATUS_LEN:
         raise shape_error("status", (status.shape[0],), "[PERMUTE_STATUS_LEN]",
                           (PERMUTE_STATUS_LEN,))
+    return 0
+
+
+cdef int _check_rows(str name, const uint8_t[:, ::1] rows, str out_name, uint8_t[:, ::1] out,
+                     Plan* p, str width) except -1:
+    """Raise ValueError unless rows [T, width] and out [R, width] are both given or both None."""
+    if (rows is None) != (out is None):
+        raise ValueError(f"{name} and {out_name} must both be arrays or both be None; got "
+                         f"{name}={_kind(rows)}, {out_name}={_kind(out)}")
+    if rows is None:
+        return 0
+    cdef int64_t w = rows.shape[1]
+    if rows.shape[0] != p.T:
+        raise shape_error(name, (rows.shape[0], w), f"[T, {width}]", (p.T, w))
+    if out.shape[0] != p.R or out.shape[1] != w:
+        raise shape_error(out_name, (out.shape[0], out.shape[1]), f"[R, {width}]", (p.R, w))
     return 0
 
 

@@ -7,9 +7,6 @@ shows up), and compare everything with ``moe_numba._oracle``. ``moe_cpu``'s own 
 are called directly where the glue would not pass the arguments (shape errors, saturation).
 """
 
-import subprocess
-import sys
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -58,17 +55,6 @@ def bits(a):
 def metadata(arrays):
     """The contract's view of NumPy arrays (what ``moe_numba._api`` hands it)."""
     return arrays._make(None if x is None else ArrayMeta(x.shape, x.dtype) for x in arrays)
-
-
-def test_moe_cpu_imports_nothing_of_moe_numba():
-    code = (
-        "import sys, moe_cpu; "
-        "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'moe_numba'))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
-    assert out.strip() == "[]"
 
 
 def test_moe_cpu_tables_equal_the_api_tables():
@@ -662,13 +648,13 @@ def permute_arguments(T=3, K=2, E=4, R=6, hb=8, sb=4):
         (
             "out_hidden",
             None,
-            "hidden and out_hidden must both be arrays .* or both be None; "
+            "hidden and out_hidden must both be arrays or both be None; "
             "got hidden=an array, out_hidden=None",
         ),
         (
             "scale",
             None,
-            "scale and out_scale must both be arrays .* or both be None; "
+            "scale and out_scale must both be arrays or both be None; "
             "got scale=None, out_scale=an array",
         ),
     ],

@@ -1,5 +1,6 @@
 """Which backend runs a call, and what happens when arrays live in different places."""
 
+import ast
 import subprocess
 import sys
 
@@ -13,16 +14,24 @@ from moe_numba._libraries import array_library, classify, library_named
 from test_errors import permute_defaults, unpermute_defaults
 
 
-def test_import_is_cheap():
-    """Importing moe_numba loads neither numba nor any GPU library."""
-    code = (
-        "import sys, moe_numba; "
-        "print(sorted(m for m in ('numba', 'torch', 'cupy') if m in sys.modules))"
-    )
+def packages_loaded_by(statement):
+    """The top-level packages in sys.modules after ``statement`` runs in a fresh process."""
+    code = f"import sys; {statement}; print(sorted({{m.partition('.')[0] for m in sys.modules}}))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
-    assert out.strip() == "[]"
+    return set(ast.literal_eval(out))
+
+
+def test_import_is_cheap():
+    """Importing moe_numba loads neither numba nor any GPU library."""
+    assert not packages_loaded_by("import moe_numba") & {"numba", "torch", "cupy"}
+
+
+def test_moe_cpu_imports_nothing_of_moe_numba():
+    """The CPU backend is a package of its own: the package graph is a tree."""
+    loaded = packages_loaded_by("import moe_cpu")
+    assert "moe_cpu" in loaded and "moe_numba" not in loaded
 
 
 def test_numpy_goes_to_cpu():

@@ -13,12 +13,10 @@ are in ``sys.modules``), or a caller asks for them by name (:func:`library_named
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 from ._cupy import CupyLibrary
-from ._numba import NumbaLibrary, SimulatorLibrary
+from ._numba import NumbaLibrary, SimulatorLibrary, fake_cuda_array_type
 from ._numpy import NumpyLibrary
 from ._protocol import ML_DTYPE_BITS, ArrayLibrary, DeviceLibrary, dlpack_cuda
 from ._torch import TorchLibrary
@@ -62,8 +60,7 @@ def _candidate(kind):
     """The one adapter class that could serve objects of type ``kind``."""
     if issubclass(kind, np.ndarray):
         return NumpyLibrary
-    simulator = sys.modules.get("numba.cuda.simulator.cudadrv.devicearray")
-    if simulator is not None and issubclass(kind, simulator.FakeCUDAArray):
+    if issubclass(kind, fake_cuda_array_type() or ()):
         return SimulatorLibrary
     return _BY_MODULE.get(kind.__module__.partition(".")[0], NumbaLibrary)
 
@@ -113,10 +110,10 @@ def array_library(x):
     return adapter
 
 
-def served_type(kind):
-    """The adapter that has served an object of type ``kind``, or None: the per-call key's
-    lookup, which answers only for types :func:`classify` has accepted before."""
-    return _SERVED.get(kind)
+# served_type(kind): the adapter that has served an object of type ``kind``, or None. The
+# per-call key's lookup (a bound dict.get, called for every array of every call): it answers
+# only for types classify has accepted before.
+served_type = _SERVED.get
 
 
 def library_named(name):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import sys
 
 import numpy as np
 
 from ..kernels._buffer import DeviceBuffer
+from ._protocol import loaded_type
 
 
 class CupyLibrary:
@@ -19,8 +19,8 @@ class CupyLibrary:
 
     @classmethod
     def serves(cls, x):
-        cupy = sys.modules.get("cupy")
-        return cupy is not None and isinstance(x, cupy.ndarray)
+        ndarray = loaded_type("cupy", "ndarray")
+        return ndarray is not None and isinstance(x, ndarray)
 
     @classmethod
     def usable(cls):

@@ -4,12 +4,16 @@ and of the CUDA simulator's arrays."""
 from __future__ import annotations
 
 import importlib.util
-import sys
 
 import numpy as np
 
 from ..kernels._buffer import DeviceBuffer
-from ._protocol import ML_DTYPE_BITS, has_cuda_array_interface
+from ._protocol import ML_DTYPE_BITS, has_cuda_array_interface, loaded_type
+
+
+def fake_cuda_array_type():
+    """The simulator's device array type, or None when the simulator is not loaded."""
+    return loaded_type("numba.cuda.simulator.cudadrv.devicearray", "FakeCUDAArray")
 
 
 def _numba_stream(like):
@@ -29,8 +33,8 @@ class NumbaLibrary:
 
     @classmethod
     def serves(cls, x):
-        devicearray = sys.modules.get("numba.cuda.cudadrv.devicearray")
-        device_array = getattr(devicearray, "DeviceNDArray", None)  # (none in the simulator)
+        # (the simulator's module of that name has no DeviceNDArray)
+        device_array = loaded_type("numba.cuda.cudadrv.devicearray", "DeviceNDArray")
         if device_array is not None and isinstance(x, device_array):
             return True  # without building its interface dict
         return has_cuda_array_interface(x)
@@ -132,8 +136,7 @@ class SimulatorLibrary:
 
     @classmethod
     def serves(cls, x):
-        simulator = sys.modules.get("numba.cuda.simulator.cudadrv.devicearray")
-        return simulator is not None and isinstance(x, simulator.FakeCUDAArray)
+        return isinstance(x, fake_cuda_array_type() or ())
 
     @classmethod
     def usable(cls):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Hashable
 from typing import Any, ClassVar, Protocol
 
@@ -79,6 +80,12 @@ class DeviceLibrary(ArrayLibrary, Protocol):
 
     def stream(self, like: Any) -> int:
         """The handle of the stream the caller's work on ``like`` goes to (0: the default)."""
+
+
+def loaded_type(module, name):
+    """The class ``name`` of ``module`` if that module is imported already, else None (an
+    object of it cannot exist before)."""
+    return getattr(sys.modules.get(module), name, None)
 
 
 def has_cuda_array_interface(x):
