@@ -7,7 +7,7 @@ one classifier, so an object passes :func:`locate` exactly when an adapter serve
 
 from __future__ import annotations
 
-from ._libraries import array_library, classify, dlpack_cuda, served_type
+from ._libraries import array_library, classify, refusal_hint, served_type
 
 
 def _name_of(x):
@@ -16,19 +16,10 @@ def _name_of(x):
 
 def _refusal(name, x):
     """The TypeError for an argument that no adapter serves."""
-    kind = type(x).__module__.partition(".")[0]
-    if kind == "torch":
-        hint = " (a torch CPU tensor: pass tensor.numpy(), or move it to CUDA)"
-    elif dlpack_cuda(x):
-        hint = (
-            " (a CUDA array known only through DLPack: pass it as a torch tensor or a CuPy "
-            f"array, e.g. torch.from_dlpack({name}) or cupy.from_dlpack({name}))"
-        )
-    else:
-        hint = ""
     return TypeError(
         f"{name} must be a NumPy array or a CUDA array (torch CUDA tensor, CuPy array, numba "
-        f"device array or other __cuda_array_interface__ object); got {_name_of(x)}{hint}"
+        f"device array or other __cuda_array_interface__ object); got {_name_of(x)}"
+        + refusal_hint(name, x)
     )
 
 

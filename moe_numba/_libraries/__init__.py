@@ -6,9 +6,11 @@ on its current stream, copying to and from the host. :func:`classify` is the one
 decides which adapter serves an object; dispatch (:mod:`moe_numba._dispatch`) and every
 adapter lookup go through it, so no object can be accepted that no adapter serves.
 
-torch and CuPy are never imported unless the caller's array already comes from them (then they
-are in ``sys.modules``), or a caller asks for them by name (:func:`library_named`,
-``usable()``).
+One module per library: ``_numpy``, ``_torch``, ``_cupy``, ``_numba`` (numba's device arrays
+and any other ``__cuda_array_interface__`` producer, and the CUDA simulator's arrays); the
+protocol is in ``_protocol``. torch and CuPy are never imported unless the caller's array
+already comes from them (then they are in ``sys.modules``), or a caller asks for them by name
+(:func:`library_named`, ``usable()``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "classify",
     "dlpack_cuda",
     "library_named",
+    "refusal_hint",
     "served_type",
 ]
 
@@ -108,6 +111,19 @@ def array_library(x):
             f"no array library of moe-numba serves {type(x).__module__}.{type(x).__name__}"
         )
     return adapter
+
+
+def refusal_hint(name, x):
+    """What to pass instead of ``x``, an object :func:`classify` refuses ("" when there is
+    nothing to suggest); ``name`` is the argument's name."""
+    if _candidate(type(x)) is TorchLibrary:
+        return " (a torch CPU tensor: pass tensor.numpy(), or move it to CUDA)"
+    if dlpack_cuda(x):
+        return (
+            " (a CUDA array known only through DLPack: pass it as a torch tensor or a CuPy "
+            f"array, e.g. torch.from_dlpack({name}) or cupy.from_dlpack({name}))"
+        )
+    return ""
 
 
 # served_type(kind): the adapter that has served an object of type ``kind``, or None. The

@@ -58,7 +58,7 @@ class NumbaLibrary:
             self.device_array_type = DeviceNDArray
 
     def _as_numba(self, x):
-        if type(x) is self.device_array_type:
+        if self.device_array_type is not None and isinstance(x, self.device_array_type):
             return x
         return self.cuda.as_cuda_array(x)
 

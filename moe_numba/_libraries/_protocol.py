@@ -24,8 +24,9 @@ _KDL_CUDA_DEVICES = (2, 3, 13)  # DLPack device types kDLCUDA, kDLCUDAHost, kDLC
 class ArrayLibrary(Protocol):
     """What moe-numba needs of an array library; one adapter class per library implements it.
 
-    ``serves`` and ``usable`` are class methods (they import nothing the caller has not);
-    the other methods belong to the one adapter instance per library.
+    ``serves`` and ``usable`` are class methods: ``serves`` imports nothing the caller has
+    not, ``usable`` imports the library when it is installed. The other methods belong to the
+    one adapter instance per library, made when it first serves an array.
     """
 
     name: ClassVar[str]  # what :func:`library_named` and ``to_device`` call the library
