@@ -89,19 +89,33 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_report_header(config):
-    lines = [f"moe-numba backends under test: {', '.join(_selected(config))}"]
-    if simulator_on():
-        lines.append(
-            "CUDA simulator: on (NUMBA_ENABLE_CUDASIM=1); left out: the PTX compile "
-            "(`python -m pytest` without the variable runs it)"
-        )
+    simulator = "on (NUMBA_ENABLE_CUDASIM=1)" if simulator_on() else "off"
+    return [
+        f"moe-numba backends under test: {', '.join(_selected(config))}",
+        f"CUDA simulator: {simulator}; {_cpu_build()}",
+    ]
+
+
+def pytest_report_collectionfinish(config, start_path, items):
+    """Say which of the two processes' tests run here, and how to run the others."""
+    if os.environ.get("MOE_PTX_ALL") == "1":
+        variants = "every variant of each kernel (MOE_PTX_ALL=1)"
     else:
-        lines.append(f"CUDA simulator: off; left out: the kernels in the simulator ({SIM_COMMAND})")
-        if os.environ.get("MOE_PTX_ALL") == "1":
-            lines.append("PTX: every kernel variant (MOE_PTX_ALL=1)")
+        variants = "one variant of each kernel kind (MOE_PTX_ALL=1: every variant)"
+    parts = {
+        "ptx": ("PTX compile (real CUDA target)", variants, "run without NUMBA_ENABLE_CUDASIM"),
+        "sim": ("GPU kernels in the simulator", "tiny shapes", f"run `{SIM_COMMAND}`"),
+    }
+    lines = []
+    for marker, (what, how, elsewhere) in parts.items():
+        marked = [item for item in items if item.get_closest_marker(marker)]
+        skipped = sum(any(m.name == "skip" for m in item.iter_markers()) for item in marked)
+        if not marked:
+            lines.append(f"{what}: not selected")
+        elif skipped:
+            lines.append(f"{what}: {skipped} tests skipped in this process ({elsewhere})")
         else:
-            lines.append("PTX: one variant of each kernel kind; MOE_PTX_ALL=1 compiles all")
-    lines.append(_cpu_build())
+            lines.append(f"{what}: {len(marked)} tests, {how}")
     return lines
 
 

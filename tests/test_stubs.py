@@ -2,6 +2,8 @@
 each extension and compares every name, parameter (name, kind, default) and constant with its
 stub."""
 
+import os
+import site
 import subprocess
 import sys
 from importlib.machinery import EXTENSION_SUFFIXES
@@ -21,12 +23,15 @@ CYTHON_INTERNALS = [
 def _stubtest(tmp_path, *modules):
     allowlist = tmp_path / "allowlist.txt"
     allowlist.write_text("\n".join(CYTHON_INTERNALS) + "\n")
-    # mypy finds packages on its own search path, which cannot see an editable install's
-    # import hook: run it beside the moe_cpu that this process imports.
+    # mypy finds an installed package in site-packages (PEP 561: py.typed), but cannot follow
+    # the import hook of an editable install: point it at the checkout there
     root = Path(moe_cpu.__file__).resolve().parent.parent
+    installed = root in {Path(p).resolve() for p in site.getsitepackages()}
+    env = dict(os.environ) if installed else dict(os.environ, MYPYPATH=str(root))
     return subprocess.run(
         [sys.executable, "-m", "mypy.stubtest", "--allowlist", str(allowlist), *modules],
-        cwd=root,
+        cwd=tmp_path,
+        env=env,
         capture_output=True,
         text=True,
         check=False,
