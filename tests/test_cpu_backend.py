@@ -667,9 +667,9 @@ def test_threads_api():
     assert moe_cpu.get_num_threads() == (3 if moe_cpu.openmp_enabled() else 1)
     moe_cpu.set_num_threads(None)
     assert moe_cpu.get_num_threads() == default
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="n must be a positive int or None, got 0"):
         moe_cpu.set_num_threads(0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="n must be a positive int or None, got float"):
         moe_cpu.set_num_threads(2.0)
 
 
@@ -685,5 +685,5 @@ def test_copy_rows(size, threads):
     dst2d = garbage(src2d.shape, np.uint8)
     moe_cpu.copy_rows(src2d, dst2d)
     np.testing.assert_array_equal(dst2d, src2d)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=f"dst must have {size} elements, got {size + 1}"):
         moe_cpu.copy_rows(src, np.empty(size + 1, np.uint8))

@@ -3,7 +3,7 @@
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from _cases import (
@@ -155,9 +155,9 @@ def build_permute_case(case):
 @given(data=st.data())
 def test_random_cases_match_oracle(backend, data):
     case = data.draw(permute_cases(small=backend.small))
+    # this library has no float8 arrays; other backends cover the case
+    assume(backend.supports_float8 or np.dtype(case["dtype"]) not in FLOAT8)
     args, flags = build_permute_case(case)
-    if not backend.supports_float8 and np.dtype(case["dtype"]) in FLOAT8:
-        return  # this library has no float8 arrays; other backends cover the case
     check_against_oracle(backend, *args, **flags)
 
 
