@@ -120,7 +120,9 @@ def pytest_report_collectionfinish(config, start_path, items):
 
 
 def _cpu_build():
-    import moe_cpu
-
+    try:
+        import moe_cpu
+    except ImportError as error:  # a checkout whose extensions were never built
+        return f"moe_cpu: not importable ({error}); `pip install -e .` builds it"
     openmp = "OpenMP" if moe_cpu.openmp_enabled() else "serial (no OpenMP)"
     return f"moe_cpu: {openmp}, {moe_cpu.get_num_threads()} threads, from {moe_cpu.__file__}"
