@@ -17,6 +17,8 @@ import types
 import pytest
 from numba import config
 
+pytestmark = pytest.mark.ptx  # the real CUDA target (conftest skips it in the simulator)
+
 real_target = pytest.mark.skipif(
     bool(config.ENABLE_CUDASIM), reason="the PTX check needs the real numba.cuda target"
 )
