@@ -12,7 +12,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from _cases import counts_of, random_probs, random_routing, random_values  # noqa: E402
-
 from moe_numba.torch import _bridge  # noqa: E402
 
 CUDA = pytest.param(

@@ -9,6 +9,7 @@
 import ml_dtypes
 import numpy as np
 import pytest
+
 from _torch_cases import (
     DEVICES,
     assert_same_bits,
@@ -18,7 +19,6 @@ from _torch_cases import (
     to_torch,
     torch,
 )
-
 from moe_numba import moe_permute, moe_unpermute
 from moe_numba.torch import _gradients
 
@@ -185,7 +185,9 @@ def test_float32_layer_gradients_equal_finite_differences(device, weighted, insi
     grads = torch.autograd.grad(layer(ours, our_unpermute), (x, p))
     reference_grads = torch.autograd.grad(layer(reference, reference_unpermute), (x, p))
     numeric = _finite_differences(lambda: layer(reference, reference_unpermute), (x, p))
-    for ours_grad, reference_grad, numeric_grad in zip(grads, reference_grads, numeric):
+    for ours_grad, reference_grad, numeric_grad in zip(
+        grads, reference_grads, numeric, strict=True
+    ):
         torch.testing.assert_close(ours_grad, reference_grad, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(ours_grad, numeric_grad, rtol=1e-3, atol=2e-3)
 

@@ -8,9 +8,9 @@ symbolic int): the numbers of graphs below are the ones docs/training.rst quotes
 import ml_dtypes
 import numpy as np
 import pytest
-from _torch_cases import DEVICES, assert_same_bits, routing, to_torch, torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
+from _torch_cases import DEVICES, assert_same_bits, routing, to_torch, torch
 from moe_numba import moe_permute, moe_unpermute
 
 NUM_EXPERTS, ALIGNMENT = 4, 2

@@ -4,8 +4,8 @@
 import ml_dtypes
 import numpy as np
 import pytest
-from _torch_cases import CUDA, assert_same_bits, routing, rows_needed, to_torch, torch
 
+from _torch_cases import CUDA, assert_same_bits, routing, rows_needed, to_torch, torch
 from moe_numba import moe_permute, moe_unpermute
 
 NUM_TOKENS, HIDDEN, TOPK, NUM_EXPERTS, ALIGNMENT = 64, 96, 4, 8, 16

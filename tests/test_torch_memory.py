@@ -1,8 +1,8 @@
 """The peak-memory script: what one forward keeps for its backward, measured on CUDA."""
 
 import pytest
-from _torch_cases import CUDA
 
+from _torch_cases import CUDA
 from moe_numba.torch import _memory_bench
 
 KIB = 1024

@@ -5,8 +5,8 @@ weighted and unweighted."""
 import ml_dtypes
 import numpy as np
 import pytest
-from _torch_cases import DEVICES, bits, routing, rows_needed, to_torch, torch
 
+from _torch_cases import DEVICES, bits, routing, rows_needed, to_torch, torch
 from moe_numba import moe_permute
 
 ALL_TESTS = (

@@ -4,11 +4,11 @@ errors, CPU tensors through views (no copies), outputs of the caller's kind."""
 import ml_dtypes
 import numpy as np
 import pytest
-from _torch_cases import DEVICES, assert_same_bits, routing, to_numpy, to_torch, torch
-from test_errors import PERMUTE_ERRORS, UNPERMUTE_ERRORS, permute_defaults, unpermute_defaults
 
+from _torch_cases import DEVICES, assert_same_bits, routing, to_numpy, to_torch, torch
 from moe_numba import _api, moe_permute, moe_unpermute
 from moe_numba.torch import _bridge, _calls, _ops
+from test_errors import PERMUTE_ERRORS, UNPERMUTE_ERRORS, permute_defaults, unpermute_defaults
 
 # value errors come from the run itself (status words); every other case is metadata
 VALUE_CASES = {
