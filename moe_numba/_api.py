@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
@@ -70,6 +71,17 @@ def _gpu_backend():
 # location (see ``locate``) -> loader of the backend: both offer ``op(plan, arrays, validate)
 # -> (outputs, status)`` for every op
 _BACKENDS = {"cpu": _cpu_backend, "cuda": _gpu_backend}
+
+
+def _has_torch_tensor(arrays):
+    """Whether any array is a torch tensor (torch is never imported for the answer)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and any(isinstance(x, torch.Tensor) for x in arrays)
+
+
+def _allocator(empty):
+    """The keyword that hands a caller's output allocator to a backend, if there is one."""
+    return {} if empty is None else {"empty": empty}
 
 
 def moe_permute(
@@ -169,6 +181,43 @@ def moe_permute(
            [-1,  2, -1],
            [ 1,  3, -1]], dtype=int32)
     """
+    return _moe_permute(
+        hidden_states,
+        scale,
+        expert_routemap_topk,
+        expert_prob_topk,
+        num_experts,
+        tokens_per_expert,
+        padding_alignment,
+        do_gather,
+        using_ue8m0_scale,
+        return_expert_indices,
+        override_buffer_size,
+        validate=validate,
+        torch_ops=True,
+    )
+
+
+def _moe_permute(
+    hidden_states,
+    scale,
+    expert_routemap_topk,
+    expert_prob_topk,
+    num_experts,
+    tokens_per_expert,
+    padding_alignment,
+    do_gather=True,
+    using_ue8m0_scale=False,
+    return_expert_indices=False,
+    override_buffer_size=-1,
+    *,
+    validate=True,
+    empty=None,
+    torch_ops=False,
+):
+    """:func:`moe_permute`; ``empty(shape, dtype)``, if given, allocates the CPU backend's
+    outputs; ``torch_ops`` sends calls with torch tensors to the torch custom ops (whose
+    implementations call this function without it)."""
     arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
     scalars = dict(
         num_experts=num_experts,
@@ -179,9 +228,13 @@ def moe_permute(
         override_buffer_size=override_buffer_size,
         validate=validate,
     )
+    if torch_ops and _has_torch_tensor(arrays):
+        from .torch import _calls
+
+        return _calls.moe_permute(arrays, scalars, tokens_per_expert)
     backend, plan = _prepare(_permute_calls, arrays, scalars, check_permute_metadata)
     plan = with_capacities(plan, tokens_per_expert)
-    outputs, status = backend.permute(plan, arrays, validate)
+    outputs, status = backend.permute(plan, arrays, validate, **_allocator(empty))
     if validate:
         raise_for_permute_status(status, plan)
     return outputs.result()
@@ -262,6 +315,35 @@ def moe_unpermute(
     >>> slot_probs
     array([[0.75, 0.25]], dtype=float32)
     """
+    return _moe_unpermute(
+        hidden_states_unzipped,
+        zipped_expertwise_rowmap,
+        expert_routemap_topk,
+        token_prob_unzipped,
+        total_zipped_tokens,
+        num_experts,
+        using_mix_precision,
+        using_weighted_combine,
+        validate=validate,
+        torch_ops=True,
+    )
+
+
+def _moe_unpermute(
+    hidden_states_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+    token_prob_unzipped,
+    total_zipped_tokens,
+    num_experts,
+    using_mix_precision=True,
+    using_weighted_combine=False,
+    *,
+    validate=True,
+    empty=None,
+    torch_ops=False,
+):
+    """:func:`moe_unpermute` (``empty`` and ``torch_ops`` as in :func:`_moe_permute`)."""
     arrays = UnpermuteArrays(
         hidden_states_unzipped, zipped_expertwise_rowmap, expert_routemap_topk, token_prob_unzipped
     )
@@ -272,8 +354,12 @@ def moe_unpermute(
         using_weighted_combine=using_weighted_combine,
         validate=validate,
     )
+    if torch_ops and _has_torch_tensor(arrays):
+        from .torch import _calls
+
+        return _calls.moe_unpermute(arrays, scalars)
     backend, plan = _prepare(_unpermute_calls, arrays, scalars, check_unpermute_metadata)
-    outputs, status = backend.unpermute(plan, arrays, validate)
+    outputs, status = backend.unpermute(plan, arrays, validate, **_allocator(empty))
     if validate:
         raise_for_unpermute_status(status, plan)
     return outputs

@@ -87,9 +87,15 @@ def test_torch_adapter_copies_keep_every_bit(dtype):
     assert not TorchLibrary.serves(t)  # a CPU tensor is no CUDA array
 
 
-def test_torch_cpu_tensors_are_not_classified():
+def test_torch_cpu_tensors_are_host_arrays():
     torch = pytest.importorskip("torch")
-    assert _libraries.classify(torch.zeros(2)) is None
+    adapter = _libraries.classify(torch.zeros(2))
+    assert isinstance(adapter, _libraries.TorchCpuLibrary)
+    assert adapter.location == "cpu" and adapter.device(torch.zeros(2)) == "cpu"
+    # one tensor type, two adapters: the lookup by type still asks the device
+    if torch.cuda.is_available():
+        assert isinstance(_libraries.array_library(torch.zeros(2, device="cuda")), TorchLibrary)
+        assert isinstance(_libraries.array_library(torch.zeros(2)), _libraries.TorchCpuLibrary)
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="needs NUMBA_ENABLE_CUDASIM=1")

@@ -21,7 +21,7 @@ from ._cupy import CupyLibrary
 from ._numba import NumbaLibrary, SimulatorLibrary, fake_cuda_array_type
 from ._numpy import NumpyLibrary
 from ._protocol import ML_DTYPE_BITS, ArrayLibrary, DeviceLibrary, dlpack_cuda
-from ._torch import TorchLibrary
+from ._torch import TorchCpuLibrary, TorchLibrary
 
 __all__ = [
     "GPU_LIBRARIES",
@@ -32,6 +32,7 @@ __all__ = [
     "NumbaLibrary",
     "NumpyLibrary",
     "SimulatorLibrary",
+    "TorchCpuLibrary",
     "TorchLibrary",
     "array_library",
     "classify",
@@ -43,7 +44,7 @@ __all__ = [
 
 # the GPU libraries in the order a caller that has no preference should try them
 GPU_LIBRARIES = (TorchLibrary, CupyLibrary, NumbaLibrary, SimulatorLibrary)
-_NAMED = {cls.name: cls for cls in (NumpyLibrary, *GPU_LIBRARIES)}
+_NAMED = {cls.name: cls for cls in (NumpyLibrary, TorchCpuLibrary, *GPU_LIBRARIES)}
 _BY_MODULE = {"torch": TorchLibrary, "cupy": CupyLibrary}
 
 # Plain dicts, not bounded caches: a process meets a handful of array types and libraries,
@@ -68,6 +69,13 @@ def _candidate(kind):
     return _BY_MODULE.get(kind.__module__.partition(".")[0], NumbaLibrary)
 
 
+def _candidates(kind):
+    """The adapter classes that could serve objects of type ``kind`` (a torch tensor's
+    adapter depends on its device), in the order to ask them."""
+    cls = _candidate(kind)
+    return (TorchLibrary, TorchCpuLibrary) if cls is TorchLibrary else (cls,)
+
+
 def classify(x):
     """The adapter that serves ``x``, or None when no supported library does.
 
@@ -81,31 +89,34 @@ def classify(x):
     ArrayLibrary or None
         A NumPy array gets the NumPy adapter; a torch CUDA tensor, a CuPy array, a simulated
         device array, or any other object with ``__cuda_array_interface__`` (numba device
-        arrays among them) gets its library's adapter. Everything else (a torch CPU tensor,
-        an object known only through DLPack, a list) gets None.
+        arrays among them) gets its library's adapter, and so does a torch CPU tensor (a host
+        array, which the torch custom ops hand to the CPU backend as a NumPy view).
+        Everything else (an object known only through DLPack, a list) gets None.
     """
     adapter = _SERVED.get(type(x))
     if adapter is not None and adapter.serves(x):
         return adapter
-    cls = _candidate(type(x))
-    if not cls.serves(x):
-        return None
-    adapter = _SERVED[type(x)] = _adapter(cls)
-    return adapter
+    for cls in _candidates(type(x)):
+        if cls.serves(x):
+            adapter = _SERVED[type(x)] = _adapter(cls)
+            return adapter
+    return None
 
 
 def array_library(x):
     """The adapter of an array that :func:`classify` accepts, looked up by its type.
 
     For arrays that dispatch has already classified (every argument of a call that got this
-    far): the lookup by type costs a dict access, not the adapter's own check.
+    far): the lookup by type costs a dict access and the adapter's cheap ``serves`` check.
 
     Raises
     ------
     TypeError
         If no adapter serves ``x``.
     """
-    adapter = _SERVED.get(type(x)) or classify(x)
+    adapter = _SERVED.get(type(x))
+    if adapter is None or not adapter.serves(x):  # (torch tensors: one type, two adapters)
+        adapter = classify(x)
     if adapter is None:
         raise TypeError(
             f"no array library of moe-numba serves {type(x).__module__}.{type(x).__name__}"
@@ -116,8 +127,6 @@ def array_library(x):
 def refusal_hint(name, x):
     """What to pass instead of ``x``, an object :func:`classify` refuses ("" when there is
     nothing to suggest); ``name`` is the argument's name."""
-    if _candidate(type(x)) is TorchLibrary:
-        return " (a torch CPU tensor: pass tensor.numpy(), or move it to CUDA)"
     if dlpack_cuda(x):
         return (
             " (a CUDA array known only through DLPack: pass it as a torch tensor or a CuPy "

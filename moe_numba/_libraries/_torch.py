@@ -113,3 +113,55 @@ class TorchLibrary:
         if self._raw_stream is not None:
             return int(self._raw_stream(index))
         return int(self.torch.cuda.current_stream(like.device).cuda_stream)
+
+
+class TorchCpuLibrary:
+    """PyTorch CPU tensors: host arrays of the torch path.
+
+    The public functions send every call with torch tensors to the torch custom ops
+    (:mod:`moe_numba.torch`), whose CPU implementations hand the CPU backend NumPy views of
+    the tensors. This adapter serves what comes before that: dispatch and the metadata checks
+    read the tensors' shapes, dtypes, contiguity and device through it, so a torch CPU call is
+    refused or accepted exactly like a NumPy call.
+    """
+
+    name = "torch-cpu"
+    location = "cpu"
+
+    @classmethod
+    def serves(cls, x):
+        return getattr(getattr(x, "device", None), "type", None) == "cpu"
+
+    @classmethod
+    def usable(cls):
+        return importlib.util.find_spec("torch") is not None
+
+    def __init__(self):
+        self._tensors = TorchLibrary()  # the dtype table and the copies work on any device
+
+    def shape(self, x):
+        return tuple(x.shape)
+
+    def dtype(self, x):
+        return self._tensors.dtype(x)
+
+    def is_contiguous(self, x):
+        return x.is_contiguous()
+
+    def key(self, x):
+        return self._tensors.key(x)
+
+    def device(self, x):
+        return "cpu"
+
+    def empty(self, shape, dtype, like):
+        return self._tensors.empty(shape, dtype, like)
+
+    def from_numpy(self, array, like_or_device=None):
+        return self._tensors.from_numpy(array, self._tensors.torch.device("cpu"))
+
+    def to_host(self, x):
+        return self._tensors.to_host(x)
+
+    def copy(self, dst, src):
+        dst.copy_(src)
