@@ -13,7 +13,7 @@ from pathlib import Path
 try:
     release = importlib.metadata.version("moe-numba")
 except importlib.metadata.PackageNotFoundError:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent ))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     release = "(not installed)"
 
 project = "moe-numba"

@@ -88,7 +88,8 @@ def test_a_cuda_tokens_per_expert_is_refused():
 def test_libraries_by_name():
     assert library_named("numpy").from_numpy(np.arange(3)).tolist() == [0, 1, 2]
     with pytest.raises(
-        ValueError, match="library must be one of cudasim, cupy, numba, numpy, torch, torch-cpu; got 'jax'"
+        ValueError,
+        match="library must be one of cudasim, cupy, numba, numpy, torch, torch-cpu; got 'jax'",
     ):
         library_named("jax")
 
