@@ -276,7 +276,7 @@ class _GPUTimer:
     def __init__(self, repeat):
         from numba import cuda
 
-        from .kernels._hold import Hold
+        from ._bench_hold import Hold
 
         self.cuda = cuda
         self.repeat = repeat
@@ -286,7 +286,7 @@ class _GPUTimer:
         """Median GPU time per call over ``repeat`` batches of back-to-back calls.
 
         A batch is timed between two events. It is enqueued behind a kernel that holds the
-        stream until the host has enqueued it all (:mod:`.kernels._hold`), so the events
+        stream until the host has enqueued it all (:mod:`._bench_hold`), so the events
         time the GPU work, not the host's time to enqueue it. A call that ``synchronizes``
         (``validate=True``) cannot be held (it would wait for the held stream): one call
         goes ahead of the start event instead, so the GPU has work while the host enqueues
