@@ -10,7 +10,7 @@ from ._results import CPU_MODES, CUDA_MODES
 
 def _hold():
     """A new stream hold: the one place that imports the bench's holding kernel."""
-    from ..kernels._hold import Hold
+    from ._hold import Hold
 
     return Hold()
 
@@ -63,7 +63,7 @@ class CudaTimer:
         default.
     hold : object, optional
         A stream hold with ``start()``, ``release()``, ``finished()`` and ``timed_out``
-        (:class:`moe_numba.kernels._hold.Hold` by default).
+        (:class:`moe_numba.bench._hold.Hold` by default).
     """
 
     modes = CUDA_MODES
