@@ -29,6 +29,20 @@ def _check_all_tensors(arrays):
             )
 
 
+def _untraced(arrays, differentiable):
+    """Whether a call can skip its custom op: nothing traces it (no ``torch.compile``, no
+    fake or functional tensors) and autograd keeps no record of it (no differentiable input
+    requires a gradient). The op's own implementation then runs directly, which saves the
+    dispatcher's host time in inference and serving."""
+    if torch.compiler.is_compiling():
+        return False
+    if any(type(x) is not torch.Tensor for x in arrays if x is not None):
+        return False
+    if not torch.is_grad_enabled():
+        return True
+    return not any(x is not None and x.requires_grad for x in differentiable)
+
+
 def _checked(calls, arrays, scalars, check_metadata):
     """The plan of a call, its metadata checked as for every other array kind."""
     _, plan = _api._prepare(calls, arrays, scalars, check_metadata)
@@ -53,7 +67,8 @@ def moe_permute(arrays, scalars, tokens_per_expert):
             tokens_per_expert = plan.capacities.tolist()
     if override_buffer_size >= 0:  # ignored by the contract, so kept out of the schema
         tokens_per_expert = None
-    outputs = _ops.permute(
+    untraced = _untraced(arrays, (arrays.hidden_states, arrays.expert_prob_topk))
+    outputs = (_ops.permute_eager if untraced else _ops.permute)(
         *arrays,
         num_experts,
         tokens_per_expert,
@@ -72,4 +87,5 @@ def moe_unpermute(arrays, scalars):
     (``arrays`` and ``scalars`` as the CPU and GPU paths check them)."""
     if not torch.compiler.is_compiling():
         _checked(_api._unpermute_calls, arrays, scalars, check_unpermute_metadata)
-    return _ops.unpermute(*arrays, *scalars.values())
+    untraced = _untraced(arrays, (arrays.hidden_states_unzipped, arrays.token_prob_unzipped))
+    return (_ops.unpermute_eager if untraced else _ops.unpermute)(*arrays, *scalars.values())

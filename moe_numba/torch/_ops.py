@@ -44,8 +44,7 @@ def _on_cpu(tensor):
 # permute
 
 
-@torch.library.custom_op("moe_numba::permute", mutates_args=())
-def permute(
+def permute_eager(
     hidden_states: Tensor,
     scale: Tensor | None,
     expert_routemap_topk: Tensor,
@@ -87,6 +86,11 @@ def permute(
     if not return_expert_indices:
         outputs = (*outputs, hidden_states.new_empty((0,), dtype=torch.int32))
     return outputs
+
+
+# the custom op runs the same function (the public functions call it directly when nothing
+# traces the call and autograd needs no record of it: see _calls)
+permute = torch.library.custom_op("moe_numba::permute", mutates_args=())(permute_eager)
 
 
 def _concrete(*values):
@@ -151,8 +155,7 @@ def _(
 # unpermute
 
 
-@torch.library.custom_op("moe_numba::unpermute", mutates_args=())
-def unpermute(
+def unpermute_eager(
     hidden_states_unzipped: Tensor,
     zipped_expertwise_rowmap: Tensor,
     expert_routemap_topk: Tensor,
@@ -178,6 +181,9 @@ def unpermute(
         )
         return tuple(map(allocate.tensor, outputs))
     return tuple(_api._moe_unpermute(*tensors, *scalars, validate=validate))
+
+
+unpermute = torch.library.custom_op("moe_numba::unpermute", mutates_args=())(unpermute_eager)
 
 
 @unpermute.register_fake
