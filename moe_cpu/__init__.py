@@ -10,13 +10,14 @@ This package imports nothing of ``moe_numba``. What the two exchange besides arr
 they equal its own table.
 """
 
-from moe_cpu import _permute, _unpermute
+from moe_cpu import _backward, _permute, _unpermute
+from moe_cpu._backward import permute_backward_probs, unpermute_backward
 from moe_cpu._memory import cache_info, empty, empty_cache
 from moe_cpu._parallel import get_num_threads, openmp_enabled, set_num_threads
 from moe_cpu._permute import permute
 from moe_cpu._unpermute import unpermute
 
-STATUS_SLOTS = {**_permute.STATUS_SLOTS, **_unpermute.STATUS_SLOTS}
+STATUS_SLOTS = {**_permute.STATUS_SLOTS, **_unpermute.STATUS_SLOTS, **_backward.STATUS_SLOTS}
 DATA_TYPES = dict(_unpermute.DATA_TYPES)
 
 __all__ = [
@@ -28,6 +29,8 @@ __all__ = [
     "get_num_threads",
     "openmp_enabled",
     "permute",
+    "permute_backward_probs",
     "set_num_threads",
     "unpermute",
+    "unpermute_backward",
 ]

@@ -42,3 +42,11 @@ cdef enum:
 cdef inline object shape_error(str name, tuple got, str meaning, tuple expected):
     """The ValueError for an argument whose shape disagrees with the others."""
     return ValueError(f"{name} must have shape {meaning} = {expected}; got {got}")
+
+# moe_unpermute_backward's status words after moe_unpermute's (moe_permute_backward writes
+# moe_unpermute's)
+cdef enum:
+    UNPERMUTE_BACKWARD_DUPLICATE_ROW = 4
+    UNPERMUTE_BACKWARD_DUPLICATE_FIRST = 5
+    UNPERMUTE_BACKWARD_DUPLICATE_SECOND = 6
+    UNPERMUTE_BACKWARD_STATUS_LEN = 7

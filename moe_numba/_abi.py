@@ -30,6 +30,15 @@ UNPERMUTE_BAD_ROW = 2  # smallest flat rowmap entry outside [-1, R)
 UNPERMUTE_BAD_ROW_VALUE = 3
 UNPERMUTE_STATUS_LEN = 4
 
+# moe_permute_backward: the UNPERMUTE_* slots above (UNPERMUTE_STATUS_LEN words); it checks
+# the same two maps.
+# moe_unpermute_backward: the UNPERMUTE_* slots, then a row that two valid rowmap entries
+# name (the forward moe_permute never writes that; the row's gradients are then zero).
+UNPERMUTE_BACKWARD_DUPLICATE_ROW = 4  # smallest such row
+UNPERMUTE_BACKWARD_DUPLICATE_FIRST = 5  # smallest flat rowmap entry naming it
+UNPERMUTE_BACKWARD_DUPLICATE_SECOND = 6  # the next flat entry naming it
+UNPERMUTE_BACKWARD_STATUS_LEN = 7
+
 # element type of the rows that moe_unpermute combines (the rows travel as float32 or as the
 # uint16 bit patterns of a 16-bit float)
 DATA_FLOAT32 = 0
