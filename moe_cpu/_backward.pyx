@@ -245,7 +245,7 @@ cdef void _unpermute_grad(UnpermuteGrad* c, const index_t* routemap,
                     memcpy(c.out_rows + r * c.row_bytes, dy, c.row_bytes)
             if c.out_probs != NULL:
                 d = 0.0
-                if c.weighted and c.grad_hidden != NULL:
+                if c.rows != NULL:  # (set only when the dot-product term is wanted)
                     d = moe_warp_dot(c.dtype, dy, c.rows + r * c.row_bytes, c.H)
                 if c.grad_probs != NULL:
                     for k in range(c.K):  # every slot the forward filled from this row
@@ -311,7 +311,9 @@ def unpermute_backward(
     cdef int nthreads = num_threads()
     cdef int64_t size = _element_size(data_type)
     cdef int64_t i
-    cdef bint dot = weighted and grad_hidden is not None and out_probs is not None
+    # the dot-product term needs the forward rows: without them the caller wants none
+    cdef bint dot = (weighted and grad_hidden is not None and out_probs is not None
+                     and rows is not None)
     c.T = rowmap.shape[0]
     c.E = rowmap.shape[1]
     c.K = routemap.shape[1]
@@ -342,7 +344,7 @@ def unpermute_backward(
             c.probs = &probs[0]
     if dot:
         _need(rows is not None and rows.shape[0] == c.R and rows.shape[1] == c.row_bytes,
-              "rows must have the shape of out_rows when weighted")
+              "rows must have the shape of out_rows")
         c.rows = <const char*>&rows[0, 0]
     c.grad_probs = NULL
     if grad_probs is not None:

@@ -159,8 +159,9 @@ def moe_unpermute_backward(
     grad_expert_prob_topk : array of shape (T, K), float32, or None
         Gradient of the forward's ``expert_prob_topk`` output. None: that term is absent.
     hidden_states_unzipped : array of shape (R, H), or None
-        The forward's input rows, of the dtype of ``grad_hidden_states``. Required when
-        ``using_weighted_combine`` and ``grad_hidden_states`` is given; else unused.
+        The forward's input rows, of the dtype of ``grad_hidden_states``. Read for the
+        dot-product term of the probability gradient (weighted, with ``grad_hidden_states``);
+        None leaves that term out. Else unused.
     zipped_expertwise_rowmap : array of shape (T, E), int32
         The row map of the forward.
     expert_routemap_topk : array of shape (T, K), int32 or int64

@@ -62,6 +62,7 @@ class BackwardPlan(NamedTuple):
     grad_hidden: bool  # the gradient rows are given (their gradient is computed)
     grad_prob: bool  # the probability gradient input is given
     weighted: bool  # moe_unpermute_backward: the forward combine was weighted
+    rows_given: bool  # moe_unpermute_backward: hidden_states_unzipped is given
 
     @property
     def computes(self):
@@ -71,8 +72,9 @@ class BackwardPlan(NamedTuple):
     @property
     def dot(self):
         """moe_unpermute_backward: whether the probability gradient has the dot-product term
-        (which reads ``hidden_states_unzipped``)."""
-        return self.weighted and self.grad_hidden
+        (which reads ``hidden_states_unzipped``: without it the caller wants no such
+        term, as autograd when the probabilities need no gradient)."""
+        return self.weighted and self.grad_hidden and self.rows_given
 
     @property
     def combine_plan(self):
@@ -91,7 +93,7 @@ class BackwardPlan(NamedTuple):
         )
 
 
-def _plan(maps, num_rows, hidden, dtype, grad_hidden, grad_prob, weighted=False):
+def _plan(maps, num_rows, hidden, dtype, grad_hidden, grad_prob, weighted=False, rows=None):
     num_tokens, num_experts, topk = maps
     return BackwardPlan(
         num_tokens=num_tokens,
@@ -104,6 +106,7 @@ def _plan(maps, num_rows, hidden, dtype, grad_hidden, grad_prob, weighted=False)
         grad_hidden=grad_hidden is not None,
         grad_prob=grad_prob is not None,
         weighted=weighted,
+        rows_given=rows is not None,
     )
 
 
@@ -210,12 +213,6 @@ def check_unpermute_backward_metadata(arrays, *, using_weighted_combine, num_row
                 f"{name} must have the dtype of grad_hidden_states ({dtype}); got {rows_dtype}"
             )
         check_shape(name, shape, (num_rows, hidden or shape[1]), "[num_rows, hidden]")
-    elif weighted and grad_out is not None:
-        raise TypeError(
-            "hidden_states_unzipped is required when using_weighted_combine=True and "
-            "grad_hidden_states is given (the probability gradient is its dot product with "
-            "grad_hidden_states); got None"
-        )
 
     probs = arrays.token_prob_unzipped
     if probs is not None:
@@ -231,7 +228,7 @@ def check_unpermute_backward_metadata(arrays, *, using_weighted_combine, num_row
             "token_prob_unzipped is required when using_weighted_combine=True; got None"
         )
 
-    return _plan(maps, num_rows, hidden, dtype, grad_out, grad_slots, weighted)
+    return _plan(maps, num_rows, hidden, dtype, grad_out, grad_slots, weighted, rows_in)
 
 
 def unpermute_backward_outputs(plan, empty):

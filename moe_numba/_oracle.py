@@ -353,6 +353,7 @@ def unpermute_backward(
         grad_rows = np.zeros((num_rows, dy.shape[1]), dtype=dy.dtype)
         if using_weighted_combine:
             probs = np.asarray(token_prob_unzipped, dtype=np.float32).reshape(-1)
+        if using_weighted_combine and hidden_states_unzipped is not None:
             rows = sorted(pair_of_row)
             tokens = [pair_of_row[r][0] for r in rows]
             xu = np.asarray(hidden_states_unzipped)

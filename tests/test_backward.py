@@ -272,6 +272,26 @@ def test_weighted_probability_gradient_is_the_warp_dot(backend):
     assert_same_bits(dp, expected, "grad_token_prob_unzipped")
 
 
+def test_weighted_without_rows_leaves_out_the_dot(backend):
+    """hidden_states_unzipped=None (autograd when the probabilities need no gradient): the
+    row gradient is the same, the probability gradient has only the slot terms."""
+    backend = with_gradients(backend)
+    rng = np.random.default_rng(23)
+    routemap, rowmap, r = routed(rng, 20, 3, 5, 2)
+    dy = random_values(rng, (20, 40), ml_dtypes.bfloat16, special=0.0)
+    xu = random_values(rng, (r, 40), ml_dtypes.bfloat16, special=0.0)
+    g = random_values(rng, routemap.shape, np.float32)
+    p = random_probs(rng, r)
+    flags = dict(using_weighted_combine=True, num_rows=r)
+    with_rows = run_on(backend, moe_unpermute_backward, dy, g, xu, rowmap, routemap, p, **flags)
+    without = run_on(backend, moe_unpermute_backward, dy, g, None, rowmap, routemap, p, **flags)
+    assert_same_bits(without[0], with_rows[0], "grad_hidden_states_unzipped")
+    slot_only = run_on(backend, moe_unpermute_backward, None, g, None, rowmap, routemap, p, **flags)
+    assert_same_bits(without[1], slot_only[1], "grad_token_prob_unzipped")
+    (_, expected), _ = _oracle.unpermute_backward(dy, g, None, rowmap, routemap, p, True, r)
+    assert_same_bits(without[1], expected, "grad_token_prob_unzipped")
+
+
 @pytest.mark.parametrize("dtype", COMBINE_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_dot_order_by_hand(backend, dtype):
     """Lane 0 holds 4096 * 4096 = 2^24 and takes three more 1s (each lost to rounding); lane
