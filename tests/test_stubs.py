@@ -24,10 +24,13 @@ def _stubtest(tmp_path, *modules):
     allowlist = tmp_path / "allowlist.txt"
     allowlist.write_text("\n".join(CYTHON_INTERNALS) + "\n")
     # mypy finds an installed package in site-packages (PEP 561: py.typed), but cannot follow
-    # the import hook of an editable install: point it at the checkout there
+    # the import hook of an editable install: point it, and stubtest's own import of the
+    # modules, at the moe_cpu that this process imported
     root = Path(moe_cpu.__file__).resolve().parent.parent
     installed = root in {Path(p).resolve() for p in site.getsitepackages()}
-    env = dict(os.environ) if installed else dict(os.environ, MYPYPATH=str(root))
+    env = dict(os.environ)
+    if not installed:
+        env.update(MYPYPATH=str(root), PYTHONPATH=str(root))
     return subprocess.run(
         [sys.executable, "-m", "mypy.stubtest", "--allowlist", str(allowlist), *modules],
         cwd=tmp_path,
