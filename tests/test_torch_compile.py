@@ -8,10 +8,10 @@ symbolic int): the numbers of graphs below are the ones docs/training.rst quotes
 import ml_dtypes
 import numpy as np
 import pytest
-from torch._dynamo.testing import CompileCounterWithBackend
 
-from _torch_cases import DEVICES, assert_same_bits, routing, to_torch, torch
+from _torch_cases import DEVICES, assert_same_bits, routing, to_torch, torch  # skips without torch
 from moe_numba import moe_permute, moe_unpermute
+from torch._dynamo.testing import CompileCounterWithBackend  # noqa: I001 (after the skip)
 
 NUM_EXPERTS, ALIGNMENT = 4, 2
 
