@@ -11,7 +11,8 @@ import pytest
 
 from _torch_cases import DEVICES, assert_same_bits, routing, to_torch, torch  # skips without torch
 from moe_numba import moe_permute, moe_unpermute
-from torch._dynamo.testing import CompileCounterWithBackend  # noqa: I001 (after the skip)
+
+CompileCounterWithBackend = torch._dynamo.testing.CompileCounterWithBackend
 
 NUM_EXPERTS, ALIGNMENT = 4, 2
 
