@@ -5,6 +5,8 @@ list each count is a constant of the graph until it first changes (then dynamo t
 symbolic int): the numbers of graphs below are the ones docs/training.rst quotes.
 """
 
+import importlib
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -12,7 +14,8 @@ import pytest
 from _torch_cases import DEVICES, assert_same_bits, routing, to_torch, torch  # skips without torch
 from moe_numba import moe_permute, moe_unpermute
 
-CompileCounterWithBackend = torch._dynamo.testing.CompileCounterWithBackend
+# (imported only once _torch_cases has found torch)
+CompileCounterWithBackend = importlib.import_module("torch._dynamo.testing").CompileCounterWithBackend
 
 NUM_EXPERTS, ALIGNMENT = 4, 2
 
