@@ -15,7 +15,8 @@ from _torch_cases import DEVICES, assert_same_bits, routing, to_torch, torch  # 
 from moe_numba import moe_permute, moe_unpermute
 
 # (imported only once _torch_cases has found torch)
-CompileCounterWithBackend = importlib.import_module("torch._dynamo.testing").CompileCounterWithBackend
+_dynamo_testing = importlib.import_module("torch._dynamo.testing")
+CompileCounterWithBackend = _dynamo_testing.CompileCounterWithBackend
 
 NUM_EXPERTS, ALIGNMENT = 4, 2
 
