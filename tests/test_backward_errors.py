@@ -418,18 +418,14 @@ def test_status_table_is_checked(monkeypatch):
 
 
 def kernel_args():
-    """moe_cpu.permute_backward's and unpermute_backward's arguments for ROWMAP, float32."""
+    """moe_cpu.permute_backward_probs's and unpermute_backward's arguments for ROWMAP."""
     f4 = np.float32
     permute = dict(
-        grad_rows=np.zeros((6, 8), np.uint8),
         grad_probs=np.zeros(6, f4),
         rowmap=ROWMAP,
         routemap=ROUTEMAP,
-        out_hidden=np.zeros((4, 8), np.uint8),
         out_probs=np.zeros((4, 2), f4),
         status=np.zeros(4, np.int64),
-        data_type=0,
-        num_rows=6,
     )
     unpermute = dict(
         grad_hidden=np.zeros((4, 8), np.uint8),
@@ -449,15 +445,8 @@ def kernel_args():
 
 
 KERNEL_ERRORS = [
-    ("permute", dict(data_type=7), "data_type must be DATA_FLOAT32, DATA_BFLOAT16 or DATA_F"),
     ("permute", dict(routemap=ROUTEMAP[:3]), "routemap must have as many rows as rowmap"),
     ("permute", dict(status=np.zeros(3, np.int64)), "status is too short"),
-    ("permute", dict(out_hidden=None), "grad_rows and out_hidden go together"),
-    ("permute", dict(out_probs=None), "grad_probs and out_probs go together"),
-    ("permute", dict(num_rows=5), "grad_rows must be"),
-    ("permute", dict(data_type=1, grad_rows=np.zeros((6, 7), np.uint8)), "grad_rows must be"),
-    ("permute", dict(out_hidden=np.zeros((4, 4), np.uint8)), "out_hidden must have T rows"),
-    ("permute", dict(grad_rows=None, out_hidden=None, num_rows=5), "grad_probs must have"),
     ("permute", dict(out_probs=np.zeros((4, 1), np.float32)), r"out_probs must be \[T, K\]"),
     ("unpermute", dict(data_type=-1), "data_type must be"),
     ("unpermute", dict(routemap=ROUTEMAP[:3]), "routemap must have as many rows as rowmap"),
@@ -478,7 +467,7 @@ def test_kernel_checks(op, changes, message):
     permute, unpermute = kernel_args()
     args = permute if op == "permute" else unpermute
     args.update(changes)
-    kernel = _backward.permute_backward if op == "permute" else _backward.unpermute_backward
-    positional = [args.pop(k) for k in list(args)[: -3 if op == "unpermute" else -2]]
+    kernel = _backward.permute_backward_probs if op == "permute" else _backward.unpermute_backward
+    positional = [args.pop(k) for k in list(args)[: -3 if op == "unpermute" else None]]
     with pytest.raises(ValueError, match=message):
         kernel(*positional, **args)
