@@ -323,6 +323,23 @@ def test_unpermute(grid, dtype, device, weighted):
 # TE's end-to-end checks
 
 
+def _layer(case, device, weighted, expert=None):
+    """permute -> ``expert(rows, row_probs)`` (none: the rows as they are) -> unpermute on
+    ``device``, then autograd from a random gradient of the combined rows:
+    ``(that gradient on the CPU, the combined rows, grad of x, grad of the probabilities)``."""
+    g = case.grid
+    grad_out = case.rand((g.num_tokens, g.hidden), case.x.dtype, "grad out")
+    x, probs, routemap, grad_out_on = _on(device, case.x, case.probs, case.routemap, grad_out)
+    x.requires_grad_()
+    probs.requires_grad_()
+    rows, rowmap, row_probs, _, _ = _permute(case, x, probs, routemap)
+    if expert is not None:
+        rows = expert(rows, row_probs)
+    out, _ = _unpermute(case, rows, rowmap, routemap, row_probs, weighted)
+    grad_x, grad_probs = torch.autograd.grad(out, (x, probs), grad_out_on)
+    return grad_out, out, grad_x, grad_probs
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("grid", "dtype"), CASES)
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
@@ -332,14 +349,7 @@ def test_round_trip(grid, dtype, device, weighted):
     unpermute's row gradient; the probability gradient is the dot products (weighted) or
     zeros."""
     case = make_case(grid, dtype)
-    grad_out = case.rand((grid.num_tokens, grid.hidden), dtype, "grad out")
-    x, probs, routemap, grad_out_on = _on(device, case.x, case.probs, case.routemap, grad_out)
-    x.requires_grad_()
-    probs.requires_grad_()
-    rows, rowmap, row_probs, _, _ = _permute(case, x, probs, routemap)
-    out, _ = _unpermute(case, rows, rowmap, routemap, row_probs, weighted)
-    grad_x, grad_probs = torch.autograd.grad(out, (x, probs), grad_out_on)
-
+    grad_out, out, grad_x, grad_probs = _layer(case, device, weighted)
     r = case.num_rows
     expected_rows = ref.permuted(case.x, case.rowmap, r)
     expected_row_probs = ref.row_values(case.dense_probs, case.rowmap, r)
@@ -367,14 +377,11 @@ def test_probabilities_inside_the_expert(grid, dtype, device):
     against the same computation made of index_select / index_add on the routed pairs in
     float32 (TE's tolerances: the reference rounds to the data dtype nowhere)."""
     case = make_case(grid, dtype)
-    grad_out = case.rand((grid.num_tokens, grid.hidden), dtype, "grad out")
-    x, probs, routemap, grad_out_on = _on(device, case.x, case.probs, case.routemap, grad_out)
-    x.requires_grad_()
-    probs.requires_grad_()
-    rows, rowmap, row_probs, _, _ = _permute(case, x, probs, routemap)
-    expert = (rows.float() * row_probs[:, None]).to(dtype)
-    out, _ = _unpermute(case, expert, rowmap, routemap, row_probs, False)
-    grad_x, grad_probs = torch.autograd.grad(out, (x, probs), grad_out_on)
+
+    def expert(rows, row_probs):
+        return (rows.float() * row_probs[:, None]).to(dtype)
+
+    grad_out, out, grad_x, grad_probs = _layer(case, device, False, expert)
 
     x_ref = case.x.float().requires_grad_()
     probs_ref = case.probs.clone().requires_grad_()
