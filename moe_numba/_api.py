@@ -6,9 +6,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
-from ._arrays import array_library, call_key, check_arrays, locate
 from ._cache import BoundedCache
 from ._contract import (
+    ArrayMeta,
     PermuteArrays,
     UnpermuteArrays,
     check_permute_metadata,
@@ -17,39 +17,43 @@ from ._contract import (
     raise_for_unpermute_status,
     with_capacities,
 )
+from ._dispatch import call_key, check_arrays, locate
+from ._libraries import array_library
 
 Array: TypeAlias = Any
 """A NumPy array, or a CUDA array: numba device array, CuPy array, PyTorch CUDA tensor or any
 object with ``__cuda_array_interface__``. Outputs are of the caller's kind."""
 
 
-def _shape_of(x):
-    return array_library(x).shape(x)
-
-
-def _dtype_of(x):
-    return array_library(x).dtype(x)
-
-
 _permute_calls = BoundedCache(256)  # call key -> (backend, metadata plan)
 _unpermute_calls = BoundedCache(256)
+
+
+def _metadata(arrays):
+    """The shape and dtype of each array (None stays None), as the contract reads them."""
+    meta = []
+    for x in arrays:
+        library = None if x is None else array_library(x)
+        meta.append(None if x is None else ArrayMeta(library.shape(x), library.dtype(x)))
+    return arrays._make(meta)
 
 
 def _prepare(calls, arrays, scalars, check_metadata):
     """(backend, plan) of a call: where its arrays live, its metadata checked, contiguity and
     device checked, in that order; remembered by :func:`call_key` (errors never are).
 
-    ``arrays`` is the op's arrays NamedTuple; its field names name the arguments in errors.
+    ``arrays`` is the op's arrays NamedTuple (its field names name the arguments in errors);
+    ``scalars`` maps the names of the other arguments that the checks read to their values.
     """
 
     def prepare():
         named = arrays._asdict()
         location = locate(named)
-        plan = check_metadata(*arrays, *scalars, shape_of=_shape_of, dtype_of=_dtype_of)
+        plan = check_metadata(_metadata(arrays), **scalars)
         check_arrays(named)
         return _BACKENDS[location](), plan
 
-    return calls.get_or_compute(call_key(arrays, scalars), prepare)
+    return calls.get_or_compute(call_key(arrays, scalars.values()), prepare)
 
 
 def _cpu_backend():
@@ -215,14 +219,14 @@ def _moe_permute(
     outputs; ``torch_ops`` sends calls with torch tensors to the torch custom ops (whose
     implementations call this function without it)."""
     arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
-    scalars = (
-        num_experts,
-        padding_alignment,
-        do_gather,
-        using_ue8m0_scale,
-        return_expert_indices,
-        override_buffer_size,
-        validate,
+    scalars = dict(
+        num_experts=num_experts,
+        padding_alignment=padding_alignment,
+        do_gather=do_gather,
+        using_ue8m0_scale=using_ue8m0_scale,
+        return_expert_indices=return_expert_indices,
+        override_buffer_size=override_buffer_size,
+        validate=validate,
     )
     if torch_ops and _has_torch_tensor(arrays):
         from .torch import _calls
@@ -343,12 +347,12 @@ def _moe_unpermute(
     arrays = UnpermuteArrays(
         hidden_states_unzipped, zipped_expertwise_rowmap, expert_routemap_topk, token_prob_unzipped
     )
-    scalars = (
-        total_zipped_tokens,
-        num_experts,
-        using_mix_precision,
-        using_weighted_combine,
-        validate,
+    scalars = dict(
+        total_zipped_tokens=total_zipped_tokens,
+        num_experts=num_experts,
+        using_mix_precision=using_mix_precision,
+        using_weighted_combine=using_weighted_combine,
+        validate=validate,
     )
     if torch_ops and _has_torch_tensor(arrays):
         from .torch import _calls

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import array_library
 from ._cache import BoundedCache
 from ._contract import permute_outputs, unpermute_outputs
 from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError
+from ._libraries import array_library
 
 _BACKEND = None
 
@@ -38,12 +38,18 @@ def gpu_backend():
 
 
 class _Call:
-    """One call's allocations: outputs and scratch in the library of ``like``."""
+    """One call's allocations: outputs and scratch in the library of ``like``.
 
-    def __init__(self, like):
+    ``empty(shape, dtype)`` replaces the library's allocator when given (tests pass one that
+    poisons what it returns).
+    """
+
+    def __init__(self, like, empty=None):
         self.like = like
         self.library = array_library(like)
         self.scratch = []  # kept alive until the call returns (allocators are stream-ordered)
+        if empty is not None:
+            self.empty = empty
 
     def empty(self, shape, dtype):
         return self.library.empty(shape, dtype, self.like)
@@ -63,8 +69,8 @@ class _GPUBackend:
     def __init__(self):
         from .kernels import permute, unpermute
 
-        self._permute = permute.permute
-        self._unpermute = unpermute.unpermute
+        self._permute = permute
+        self._unpermute = unpermute
         self._capacities = BoundedCache(64)
 
     def _capacities_on_device(self, call, capacities):
@@ -78,62 +84,52 @@ class _GPUBackend:
             key, lambda: call.library.upload(capacities, call.like)
         )
 
-    def permute(self, plan, arrays, validate):
-        """Run ``moe_permute`` on CUDA arrays: ``(outputs, status words or None)``."""
+    def permute(self, plan, arrays, validate, empty=None):
+        """Run ``moe_permute`` on CUDA arrays: ``(outputs, status words or None)``.
+
+        ``empty(shape, dtype)``, when given, allocates the outputs and scratch instead of
+        the arrays' library.
+        """
         hidden_states, scale, routemap, probs = arrays
-        call = _Call(hidden_states)
+        call = _Call(hidden_states, empty)
         out = permute_outputs(plan, call.empty)
         capacity = None
         if plan.capacities is not None:
             capacity = call.buffer(self._capacities_on_device(call, plan.capacities))
-        status = self._permute(
-            call.buffer(hidden_states) if plan.do_gather else None,
-            call.buffer(scale) if plan.gather_scale else None,
-            call.buffer(routemap),
-            call.buffer(probs),
-            capacity,
-            num_tokens=plan.num_tokens,
-            topk=plan.topk,
-            num_experts=plan.num_experts,
-            alignment=plan.alignment,
-            num_rows=plan.num_rows,
-            hidden_row_bytes=plan.hidden_row_bytes,
-            scale_row_bytes=plan.scale_row_bytes,
-            routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
+        buffers = self._permute.PermuteBuffers(
+            hidden=call.buffer(hidden_states) if plan.do_gather else None,
+            scale=call.buffer(scale) if plan.gather_scale else None,
+            routemap=call.buffer(routemap),
+            probs=call.buffer(probs),
+            capacity=capacity,
             out_hidden=call.buffer(out.hidden) if plan.do_gather else None,
             out_scale=call.buffer(out.scale) if plan.gather_scale else None,
             out_rowmap=call.buffer(out.rowmap),
             out_probs=call.buffer(out.probs),
             out_indices=call.buffer(out.indices),
-            validate=validate,
-            alloc=call.alloc,
-            stream=call.library.stream(hidden_states),
+            routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
         )
+        stream = call.library.stream(hidden_states)
+        status = self._permute.run(plan, buffers, validate, call.alloc, stream)
         return out, (status.read() if validate else None)
 
-    def unpermute(self, plan, arrays, validate):
-        """Run ``moe_unpermute`` on CUDA arrays: ``(outputs, status words or None)``."""
+    def unpermute(self, plan, arrays, validate, empty=None):
+        """Run ``moe_unpermute`` on CUDA arrays: ``(outputs, status words or None)``.
+
+        ``empty`` as for :meth:`permute`.
+        """
         rows, rowmap, routemap, probs = arrays
-        call = _Call(rows)
+        call = _Call(rows, empty)
         hidden, slot_probs = unpermute_outputs(plan, call.empty)
-        status = self._unpermute(
-            call.buffer(rows),
-            call.buffer(rowmap),
-            call.buffer(routemap),
-            call.buffer(probs),
-            num_tokens=plan.num_tokens,
-            num_rows=plan.num_rows,
-            hidden=plan.hidden,
-            num_experts=plan.num_experts,
-            topk=plan.topk,
-            data_type=plan.data_type,
-            routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
-            weighted=plan.weighted,
-            mix_precision=plan.mix_precision,
+        buffers = self._unpermute.UnpermuteBuffers(
+            rows=call.buffer(rows),
+            rowmap=call.buffer(rowmap),
+            routemap=call.buffer(routemap),
+            probs=call.buffer(probs),
             out_hidden=call.buffer(hidden),
             out_probs=call.buffer(slot_probs),
-            validate=validate,
-            alloc=call.alloc,
-            stream=call.library.stream(rows),
+            routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
         )
+        stream = call.library.stream(rows)
+        status = self._unpermute.run(plan, buffers, validate, call.alloc, stream)
         return (hidden, slot_probs), (status.read() if validate else None)

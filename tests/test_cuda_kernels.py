@@ -1,12 +1,11 @@
-"""The GPU backend's kernels called directly (``moe_numba.kernels.permute.permute`` and
-``moe_numba.kernels.unpermute.unpermute``) in numba's CUDA simulator, bit for bit against the
-NumPy oracle.
+"""The GPU backend (``moe_numba._gpu`` and the kernels behind it) in numba's CUDA simulator,
+bit for bit against the NumPy oracle, and the simulator twins of ``kernels._intrinsics``.
 
 Block sizes are patched down so that tiny inputs still span several token chunks, expert
-tiles, destination batches, padding blocks and list overflows. Outputs and scratch are
-poisoned first, so an element a kernel forgets to write shows up as a mismatch. The
-simulator's ``cuda.fma`` rounds twice; it is replaced here by a correctly rounded fma so the
-weighted combine is compared exactly too.
+tiles, destination batches, padding blocks and list overflows. Outputs and scratch come from
+a poisoning allocator passed to the backend (``empty=``), so an element a kernel forgets to
+write shows up as a mismatch. The simulator's ``cuda.fma`` rounds twice; it is replaced here
+by a correctly rounded fma so the weighted combine is compared exactly too.
 """
 
 import ml_dtypes
@@ -14,19 +13,26 @@ import numpy as np
 import pytest
 from numba import config, cuda
 
-pytestmark = pytest.mark.skipif(
-    not config.ENABLE_CUDASIM,
-    reason="calls the kernels with host arrays: needs NUMBA_ENABLE_CUDASIM=1",
-)
+pytestmark = pytest.mark.sim  # calls the kernels with host arrays (conftest skips it elsewhere)
 
 
 from moe_numba import _abi, _oracle  # noqa: E402
+from moe_numba._cache import BoundedCache  # noqa: E402
+from moe_numba._contract import (  # noqa: E402
+    PermuteArrays,
+    PermutePlan,
+    UnpermuteArrays,
+    UnpermutePlan,
+    with_capacities,
+)
 
 if config.ENABLE_CUDASIM:
-    from moe_numba.kernels import _convert  # noqa: E402
+    from moe_numba import _gpu  # noqa: E402
+    from moe_numba.kernels import _convert, _intrinsics, combine, count, gather  # noqa: E402
     from moe_numba.kernels import permute as PM  # noqa: E402
     from moe_numba.kernels import unpermute as UP  # noqa: E402
-    from moe_numba.kernels._buffer import DeviceBuffer  # noqa: E402
+
+    BACKEND = _gpu.gpu_backend()
 
 
 @pytest.fixture(autouse=True)
@@ -36,24 +42,17 @@ def small_geometry(monkeypatch):
     lane (rows go in several batches), padding goes in chunks of 3 rows to at least 2 workers
     (a worker takes several chunks when routing slots are empty), 5 blocks take every item,
     a token's list holds 256 rows (4 in one test), the unpermute's check runs 3 blocks of 16
-    threads (grid-stride)."""
-    for name, value in dict(
-        CT=32,
-        ETILE=4,
-        COUNT_BITS=4,
-        COUNT_BD=16,
-        SCAN_BD=64,
-        LANES=4,
-        GATHER_BLOCKS=5,
-        BATCH_WORDS=(1, 2),
-        PAD_ROWS=3,
-        PAD_WORKERS=2,
-        RMT=128,
-        NC_TARGET=2,
-    ).items():
-        monkeypatch.setattr(PM, name, value)
-    for name, value in dict(COMBINE_BD=16, MIN_BD=8, CHECK_BD=16, CHECK_BLOCKS=3).items():
-        monkeypatch.setattr(UP, name, value)
+    threads (grid-stride). The launch plans cached under the real geometry are set aside."""
+    for module, values in (
+        (count, dict(CT=32, ETILE=4, COUNT_BITS=4, RMT=128)),
+        (gather, dict(LANES=4, BATCH_WORDS=(1, 2), PAD_ROWS=3)),
+        (PM, dict(COUNT_BD=16, SCAN_BD=64, GATHER_BLOCKS=5, PAD_WORKERS=2, NC_TARGET=2)),
+        (UP, dict(COMBINE_BD=16, MIN_BD=8, CHECK_BD=16, CHECK_BLOCKS=3)),
+    ):
+        for name, value in values.items():
+            monkeypatch.setattr(module, name, value)
+    monkeypatch.setattr(PM, "_LAUNCHES", BoundedCache(64))
+    monkeypatch.setattr(UP, "_LAUNCHES", BoundedCache(64))
     from numba.cuda.simulator import kernelapi
 
     def exact_fma(self, a, b, c):
@@ -62,21 +61,34 @@ def small_geometry(monkeypatch):
     monkeypatch.setattr(kernelapi.FakeCUDAModule, "fma", exact_fma)
 
 
-def buf(a):
-    a = np.ascontiguousarray(a)
-    return DeviceBuffer(0, a.nbytes, a)
+class Poisoned:
+    """``empty(shape, dtype)`` for the backend: simulator arrays whose every byte is 0x5A.
 
-
-class Alloc:
-    """Scratch from a poisoned pool; counts the calls."""
+    Records each allocation's dtype (scratch is the backend's only uint8 allocation).
+    """
 
     def __init__(self):
-        self.calls = 0
+        self.dtypes = []
 
-    def __call__(self, nbytes):
-        self.calls += 1
-        size = max(16, -(-nbytes // 16) * 16)
-        return DeviceBuffer(0, nbytes, np.full(size, 0xA5, np.uint8))
+    def __call__(self, shape, dtype):
+        self.dtypes.append(np.dtype(dtype))
+        a = np.empty(shape, dtype)
+        a.reshape(-1).view(np.uint8)[:] = 0x5A
+        return cuda.to_device(a)
+
+    @property
+    def scratch(self):
+        return self.dtypes.count(np.dtype(np.uint8))
+
+
+def device(a):
+    return None if a is None else cuda.to_device(np.ascontiguousarray(a))
+
+
+def bits(x):
+    """The bit patterns of a host copy of ``x`` (same-sized unsigned integers)."""
+    a = x.copy_to_host()
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
 
 
 def random_routemap(rng, T, K, E, dtype=np.int32, fill=0.8):
@@ -96,63 +108,54 @@ def counts_of(rm, E):
     return c
 
 
-def run_permute(
-    hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=True, override=-1, poison=0x5A
-):
-    """Run the kernels (validate on and off) and the oracle; assert every output and status
-    word is identical. Returns the status words."""
+def run_permute(hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=True, override=-1):
+    """Run the GPU backend (validate on and off) and the oracle; assert every output and
+    status word is identical. Returns the status words."""
     T, K = rm.shape
     (expected, status_expected) = _oracle.permute(
         hidden, scale, rm, probs, E, tpe, A, do_gather, indices, override
     )
-    R = expected[2].shape[0]
-    H = hidden.shape[1]
-    bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[hidden.dtype.itemsize]
-    gather_scale = do_gather and scale is not None
+    plan = PermutePlan(
+        num_tokens=T,
+        hidden=hidden.shape[1],
+        topk=K,
+        num_experts=E,
+        alignment=A,
+        num_rows=override,
+        hidden_dtype=hidden.dtype,
+        scale_width=0 if scale is None else scale.shape[1],
+        scale_dtype=None if scale is None else scale.dtype,
+        capacities=None,
+        do_gather=do_gather,
+        return_expert_indices=indices,
+    )
+    if override < 0:
+        plan = with_capacities(plan, tpe)
+    assert plan.num_rows == expected[2].shape[0]
+    arrays = PermuteArrays(device(hidden), device(scale), device(rm), device(probs))
     for validate in (True, False):
-        out_hidden = np.full((R, H), poison, bits) if do_gather else None
-        out_scale = np.full((R, scale.shape[1]), poison, np.uint32) if gather_scale else None
-        out_rowmap = np.full((T, E), 0x5A5A, np.int32)
-        out_probs = np.full(R, 0x5A5A5A5A, np.uint32)
-        out_indices = np.full(R, 0x5A5A, np.int32) if indices else None
-        alloc = Alloc()
-        status = PM.permute(
-            buf(hidden.view(bits)) if do_gather else None,
-            buf(scale.view(np.uint32)) if gather_scale else None,
-            buf(rm),
-            buf(probs),
-            None if override >= 0 else buf(np.asarray(tpe, np.int64)),
-            num_tokens=T,
-            topk=K,
-            num_experts=E,
-            alignment=A,
-            num_rows=R,
-            hidden_row_bytes=H * hidden.dtype.itemsize,
-            scale_row_bytes=scale.shape[1] * 4 if gather_scale else 0,
-            routemap_itemsize=rm.dtype.itemsize,
-            out_hidden=None if out_hidden is None else buf(out_hidden),
-            out_scale=None if out_scale is None else buf(out_scale),
-            out_rowmap=buf(out_rowmap),
-            out_probs=buf(out_probs),
-            out_indices=None if out_indices is None else buf(out_indices),
-            validate=validate,
-            alloc=alloc,
-            stream=0,
-        )
-        assert alloc.calls == 1
+        empty = Poisoned()
+        out, status = BACKEND.permute(plan, arrays, validate, empty=empty)
+        assert empty.scratch == 1
         if validate:
-            np.testing.assert_array_equal(status.read(), status_expected)
+            np.testing.assert_array_equal(status, status_expected)
         else:
             assert status is None
-        np.testing.assert_array_equal(out_rowmap, expected[1])
-        np.testing.assert_array_equal(out_probs, expected[2].view(np.uint32))
+        np.testing.assert_array_equal(out.rowmap.copy_to_host(), expected[1])
+        np.testing.assert_array_equal(bits(out.probs), expected[2].view(np.uint32))
         if do_gather:
-            np.testing.assert_array_equal(out_hidden, expected[0].view(bits))
-        if gather_scale:
-            np.testing.assert_array_equal(out_scale, expected[3].view(np.uint32))
+            np.testing.assert_array_equal(bits(out.hidden), _bits_of(expected[0]))
+        if plan.gather_scale:
+            np.testing.assert_array_equal(bits(out.scale), expected[3].view(np.uint32))
         if indices:
-            np.testing.assert_array_equal(out_indices, expected[4])
+            np.testing.assert_array_equal(out.indices.copy_to_host(), expected[4])
+        else:
+            assert out.indices is None
     return status_expected
+
+
+def _bits_of(a):
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
 # ---------------------------------------------------------------------------------------
@@ -207,7 +210,7 @@ def test_permute_fp8_rows_and_special_bits():
 
 
 def test_permute_malformed_routing_and_capacities(monkeypatch):
-    monkeypatch.setattr(PM, "RMT", 3)  # K > RMT: the count kernel reads routing from memory
+    monkeypatch.setattr(count, "RMT", 3)  # K > RMT: the count kernel reads routing from memory
     rng = np.random.default_rng(3)
     T, K, E, H, A = 50, 4, 6, 4, 2
     rm = random_routemap(rng, T, K, E, np.int64)
@@ -320,8 +323,8 @@ def test_permute_empty_routing_and_zero_tokens():
 
 
 def run_unpermute(rows, rowmap, rm, probs, E, weighted, mix):
-    """Run the kernels (validate on and off) and the oracle; assert every output and status
-    word is identical. Returns the status words."""
+    """Run the GPU backend (validate on and off) and the oracle; assert every output and
+    status word is identical. Returns the status words."""
     T, K = rm.shape
     R, H = rows.shape
     (expected, expected_probs), status_expected = _oracle.unpermute(
@@ -332,38 +335,28 @@ def run_unpermute(rows, rowmap, rm, probs, E, weighted, mix):
         np.dtype(ml_dtypes.bfloat16): _abi.DATA_BFLOAT16,
         np.dtype(np.float16): _abi.DATA_FLOAT16,
     }[rows.dtype]
-    bits = np.uint32 if code == _abi.DATA_FLOAT32 else np.uint16
+    plan = UnpermutePlan(
+        num_tokens=T,
+        hidden=H,
+        topk=K,
+        num_experts=E,
+        num_rows=R,
+        dtype=rows.dtype,
+        data_type=code,
+        weighted=weighted,
+        mix_precision=mix,
+    )
+    arrays = UnpermuteArrays(device(rows), device(rowmap), device(rm), device(probs))
     for validate in (True, False):
-        out = np.full((T, H), 0x5A5A, bits)
-        out_probs = np.full((T, K), 0x5A5A5A5A, np.uint32)
-        alloc = Alloc()
-        status = UP.unpermute(
-            buf(rows.view(bits)),
-            buf(rowmap),
-            buf(rm),
-            buf(probs),
-            num_tokens=T,
-            num_rows=R,
-            hidden=H,
-            num_experts=E,
-            topk=K,
-            data_type=code,
-            routemap_itemsize=rm.dtype.itemsize,
-            weighted=weighted,
-            mix_precision=mix,
-            out_hidden=buf(out),
-            out_probs=buf(out_probs.view(np.float32)),
-            validate=validate,
-            alloc=alloc,
-            stream=0,
-        )
+        empty = Poisoned()
+        (out, out_probs), status = BACKEND.unpermute(plan, arrays, validate, empty=empty)
         if validate:
-            assert alloc.calls == 1  # check's minima and ticket
-            np.testing.assert_array_equal(status.read(), status_expected)
+            assert empty.scratch == 1  # check's minima and ticket
+            np.testing.assert_array_equal(status, status_expected)
         else:
-            assert alloc.calls == 0 and status is None
-        np.testing.assert_array_equal(out_probs, expected_probs.view(np.uint32))
-        np.testing.assert_array_equal(out, expected.view(bits))
+            assert empty.scratch == 0 and status is None
+        np.testing.assert_array_equal(bits(out_probs), expected_probs.view(np.uint32))
+        np.testing.assert_array_equal(bits(out), _bits_of(expected))
     return status_expected
 
 
@@ -415,6 +408,9 @@ def test_unpermute_word_widths(dtype, H):
     run_unpermute(rows, rowmap, rm, probs, 5, True, True)
 
 
+# the simulated combine adds NumPy float32 scalars: sums past the largest float overflow to
+# infinity, as they should (the simulator's threads do not see np.errstate)
+@pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning")
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
 def test_unpermute_special_values(dtype):
     """Subnormals, infinities, NaNs (made canonical) and overflow to infinity."""
@@ -435,7 +431,7 @@ def test_unpermute_special_values(dtype):
 
 
 def test_unpermute_malformed_and_list_overflow(monkeypatch):
-    monkeypatch.setattr(UP, "LMAX", 4)  # tokens with > 4 valid rows walk the rowmap instead
+    monkeypatch.setattr(combine, "LMAX", 4)  # tokens with > 4 valid rows walk the rowmap instead
     rng = np.random.default_rng(40)
     T, K, E, R, H = 8, 3, 7, 30, 4
     rows = rng.standard_normal((R, H)).astype(ml_dtypes.bfloat16)
@@ -472,7 +468,7 @@ def _conversion_kernel(x, bf16, f16, back16):
     while i < n:
         bf16[i] = _convert.f32_to_bf16(x[i])
         f16[i] = _convert.f32_to_f16(x[i])
-        back16[i] = _convert.f16_to_f32(f16[i])
+        back16[i] = _intrinsics.f16_to_f32(f16[i])
         i += cuda.gridsize(1)
 
 
@@ -504,13 +500,15 @@ def test_rounding_conversions():
             ),
         ]
     ).astype(np.float32)
-    x[::3] *= -1
+    with np.errstate(invalid="ignore"):  # signalling NaNs among the random bits
+        x[::3] *= -1
     bf16 = np.zeros(x.size, np.uint32)
     f16 = np.zeros(x.size, np.uint32)
     back = np.zeros(x.size, np.float32)
     cuda.jit(_conversion_kernel)[2, 32](x, bf16, f16, back)
-    expected_bf16 = _oracle.round_to(ml_dtypes.bfloat16, x).view(np.uint16)
-    expected_f16 = _oracle.round_to(np.float16, x).view(np.uint16)
+    with np.errstate(invalid="ignore"):  # (NaN inputs)
+        expected_bf16 = _oracle.round_to(ml_dtypes.bfloat16, x).view(np.uint16)
+        expected_f16 = _oracle.round_to(np.float16, x).view(np.uint16)
     np.testing.assert_array_equal(bf16, expected_bf16)
     np.testing.assert_array_equal(f16, expected_f16)
     np.testing.assert_array_equal(
@@ -522,9 +520,158 @@ def test_rounding_conversions():
 def test_hold_waits_for_the_host_or_times_out(go, spins, timed_out):
     """The bench's stream hold returns at once when let go, and gives up (saying so) after
     its spins when not."""
-    from moe_numba.kernels import _hold
+    from moe_numba.bench._hold import HOLD
+    from moe_numba.kernels._family import NoKey
     from moe_numba.kernels._launch import Launcher
 
     flag = np.array([go, 0], np.int32)
-    Launcher(None)(_hold._KERNEL, 1, 32, (flag, spins))
+    Launcher(None)(HOLD.get(NoKey()), 1, 32, HOLD.args({"flag": flag, "spins": spins}))
     assert flag.tolist() == [go, timed_out]
+
+
+# ---------------------------------------------------------------------------------------
+# the simulator twins of kernels._intrinsics (their real versions: tests/test_ptx.py)
+
+
+def _twin_words():
+    def kernel(src, plain, streamed):
+        i = cuda.threadIdx.x
+        lo, hi = _intrinsics.ld16(src, i)
+        _intrinsics.st16(plain, i, lo, hi)
+        _intrinsics.st16_streaming(streamed, i, hi, lo)
+
+    src = np.arange(1, 17, dtype=np.uint64) * np.uint64(0x0101010101010101)
+    plain, streamed = np.zeros(16, np.uint64), np.zeros(16, np.uint64)
+    cuda.jit(kernel)[1, 8](src, plain, streamed)
+    np.testing.assert_array_equal(plain, src)
+    np.testing.assert_array_equal(streamed, src.reshape(8, 2)[:, ::-1].reshape(-1))
+
+
+def _twin_loads():
+    def kernel(src, flag, out):
+        i = cuda.threadIdx.x
+        out[i] = _intrinsics.load_cg(src, i)
+        out[8 + i] = _intrinsics.read_volatile(flag)
+
+    src, flag, out = np.arange(8, dtype=np.int64) * 3, np.array([7, 9], np.int32), np.zeros(16)
+    cuda.jit(kernel)[1, 8](src, flag, out)
+    assert out.tolist() == [3 * i for i in range(8)] + [7] * 8
+
+
+def _twin_atomics():
+    def kernel(words, old):
+        i = cuda.threadIdx.x
+        old[i] = _intrinsics.atomic_add(words, 0, 1)
+        _intrinsics.atomic_min(words, 1, 100 - i)
+        old[32 + i] = _intrinsics.atomic_min(words, 2, 5)
+
+    words, old = np.array([10, 1000, 7], np.int64), np.zeros(64, np.int64)
+    cuda.jit(kernel)[1, 32](words, old)
+    assert words.tolist() == [42, 69, 5]
+    assert sorted(old[:32]) == list(range(10, 42))  # each thread saw the value before its add
+    assert sorted(old[32:]) == [5] * 31 + [7]
+
+
+def _twin_warp_and_clock():
+    def kernel(out):
+        box = cuda.shared.array(32, np.int64)
+        i = cuda.threadIdx.x
+        _intrinsics.griddep_wait()
+        _intrinsics.griddep_trigger()
+        box[i] = i * i
+        _intrinsics.syncwarp()  # every lane's write is seen after it
+        _intrinsics.pause()
+        out[i] = box[31 - i]
+
+    out = np.zeros(32, np.int64)
+    cuda.jit(kernel)[1, 32](out)
+    assert out.tolist() == [(31 - i) ** 2 for i in range(32)]
+    assert _intrinsics.SYNCWARP_WARPS == 1  # (blocks of kernels calling syncwarp: one warp)
+
+
+def _twin_bits():
+    def kernel(patterns, floats, back, halves):
+        i = cuda.grid(1)
+        while i < patterns.shape[0]:
+            floats[i] = _intrinsics.f32_from_bits(patterns[i])
+            back[i] = _intrinsics.bits_from_f32(floats[i])
+            halves[i] = _intrinsics.f16_to_f32(patterns[i])  # the low half only
+            i += cuda.gridsize(1)
+
+    rng = np.random.default_rng(70)
+    low = np.arange(1 << 16, dtype=np.uint32)
+    patterns = low | (rng.integers(0, 1 << 16, low.size, dtype=np.uint32) << np.uint32(16))
+    floats, back = np.zeros(low.size, np.float32), np.zeros(low.size, np.uint32)
+    halves = np.zeros(low.size, np.float32)
+    cuda.jit(kernel)[2, 32](patterns, floats, back, halves)
+    np.testing.assert_array_equal(floats.view(np.uint32), patterns)
+    np.testing.assert_array_equal(back, patterns)
+    expected = low.astype(np.uint16).view(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(halves.view(np.uint32), expected.view(np.uint32))
+
+
+def _twin_scans():
+    def kernel(values, out):
+        tmp = cuda.shared.array(_intrinsics.TMP_WORDS, np.int64)
+        i = cuda.threadIdx.x
+        v = values[i]
+        out[0, i] = _intrinsics.block_min_i64(v, tmp)
+        out[1, i], out[2, i] = _intrinsics.block_exclusive_scan_i64(v, tmp)
+        out[3, i], out[4, i] = _intrinsics.warp_exclusive_scan_i64(v, tmp)
+
+    values = np.random.default_rng(71).integers(-50, 50, 64).astype(np.int64)
+    out = np.zeros((5, 64), np.int64)
+    cuda.jit(kernel)[1, 64](values, out)
+    warps = values.reshape(2, 32)
+    assert (out[0] == values.min()).all()
+    np.testing.assert_array_equal(out[1], np.cumsum(values) - values)
+    assert (out[2] == values.sum()).all()
+    np.testing.assert_array_equal(out[3], (np.cumsum(warps, axis=1) - warps).reshape(-1))
+    np.testing.assert_array_equal(out[4], np.repeat(warps.sum(axis=1), 32))
+
+
+def _twin_device():
+    @_intrinsics.device
+    def affine(x, scale, shift):
+        return x * scale + shift
+
+    def kernel(out):
+        i = cuda.threadIdx.x
+        out[i] = affine(i, shift=1, scale=10)  # keywords, as on a GPU
+
+    out = np.zeros(4, np.int64)
+    cuda.jit(kernel)[1, 4](out)
+    assert out.tolist() == [1, 11, 21, 31]
+
+
+# every function of kernels._intrinsics, with the check of its simulator twin
+TWIN_CHECKS = {
+    "device": _twin_device,
+    "ld16": _twin_words,
+    "st16": _twin_words,
+    "st16_streaming": _twin_words,
+    "load_cg": _twin_loads,
+    "read_volatile": _twin_loads,
+    "atomic_add": _twin_atomics,
+    "atomic_min": _twin_atomics,
+    "syncwarp": _twin_warp_and_clock,
+    "pause": _twin_warp_and_clock,
+    "griddep_wait": _twin_warp_and_clock,
+    "griddep_trigger": _twin_warp_and_clock,
+    "f32_from_bits": _twin_bits,
+    "bits_from_f32": _twin_bits,
+    "f16_to_f32": _twin_bits,
+    "block_min_i64": _twin_scans,
+    "block_exclusive_scan_i64": _twin_scans,
+    "warp_exclusive_scan_i64": _twin_scans,
+}
+
+
+def test_every_intrinsic_has_a_twin_check():
+    constants = {"SIM", "TMP_WORDS", "SYNCWARP_WARPS"}
+    assert set(TWIN_CHECKS) == set(_intrinsics.__all__) - constants
+
+
+@pytest.mark.parametrize("check", sorted(set(TWIN_CHECKS.values()), key=lambda f: f.__name__))
+def test_simulator_twin(check):
+    check()

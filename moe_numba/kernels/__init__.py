@@ -1,8 +1,36 @@
 """The GPU backend: numba.cuda kernels for moe_permute / moe_unpermute.
 
-``permute.permute`` and ``unpermute.unpermute`` take :class:`~._buffer.DeviceBuffer`
-arguments (addresses and sizes, never library objects), an ``alloc(nbytes)`` callable for
+=============  ==========================================================================
+module         what it holds
+=============  ==========================================================================
+permute        moe_permute's host planner: geometry, scratch layout, launches (``run``)
+count          stage 1 of permute: which slots count, per-chunk counts, slot ranks
+scan           stage 2 of permute: chunk bases, expert offsets and padding, status words
+gather         stage 3 of permute: place each slot's row, copy rows, zero padding
+unpermute      moe_unpermute's host planner (``run``)
+check          unpermute's value checks (``validate=True``): init and check
+combine        unpermute's combine: each token's rows folded into its output row
+_family        ``KernelFamily``: each kernel's parameters, body and variants, declared once
+_intrinsics    every device function that differs between a GPU and the simulator
+_primitives    device helpers built on the intrinsics (status words, a warp's search)
+_copy          word widths of row copies and their load/store helpers
+_convert       float32 <-> bfloat16 / float16 bit conversions
+_launch        the raw launcher (``cuda.core.launch``) and ``RawKernel``
+_buffer        ``DeviceBuffer``: what a kernel sees of an array (address and size)
+_status        status words in mapped host memory, and the wait for them
+=============  ==========================================================================
+
+The host planners take the call's plan and a NamedTuple of :class:`~._buffer.DeviceBuffer`
+(addresses and sizes, never library objects), an ``alloc(nbytes)`` callable for
 stream-ordered scratch memory and a raw ``CUstream`` handle; they enqueue the kernels and
-return without synchronising. Kernels compile lazily, once per signature, and launch through
+return without synchronising. Kernels compile lazily, once per variant, and launch through
 ``cuda.core.launch`` (see ``_launch``). Importing this package compiles nothing.
 """
+
+
+def families():
+    """Every :class:`~._family.KernelFamily` the library launches (permute's, then
+    unpermute's)."""
+    from . import permute, unpermute
+
+    return permute.FAMILIES + unpermute.FAMILIES

@@ -2,10 +2,9 @@
 
 All narrowing conversions round to nearest even and are written with integer operations, so
 the simulator runs exactly the code a GPU runs (only the float32 <-> uint32 reinterpretation
-differs: ``libdevice`` on a GPU, a NumPy view in the simulator). NaN results are the
-canonical NaNs of :mod:`moe_numba._abi`. Widening is exact: bfloat16 by a shift, float16 by
-the hardware ``cvt.f32.f16`` on a GPU (exact for every input, subnormals included) and by
-NumPy in the simulator.
+differs, see :mod:`._intrinsics`). NaN results are the canonical NaNs of
+:mod:`moe_numba._abi`. Widening is exact: bfloat16 by a shift, float16 by
+:func:`._intrinsics.f16_to_f32`.
 
 Values travel as ``uint32`` holding the 16-bit pattern in the low half.
 """
@@ -13,62 +12,13 @@ Values travel as ``uint32`` holding the 16-bit pattern in the low half.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
 
 from .. import _abi
-from ._primitives import SIM, device
+from ._intrinsics import bits_from_f32, device, f32_from_bits
 
 NAN_F32 = np.uint32(_abi.CANONICAL_NAN_FLOAT32)
 NAN_BF16 = np.uint32(_abi.CANONICAL_NAN_BFLOAT16)
 NAN_F16 = np.uint32(_abi.CANONICAL_NAN_FLOAT16)
-
-if not SIM:
-    from llvmlite import ir
-    from numba.cuda import types
-    from numba.cuda.extending import intrinsic
-
-    @device
-    def f32_from_bits(u):
-        """The float32 whose bit pattern is the uint32 ``u``."""
-        return cuda.libdevice.int_as_float(np.int32(u))
-
-    @device
-    def bits_from_f32(f):
-        """The bit pattern of the float32 ``f`` as uint32."""
-        return np.uint32(cuda.libdevice.float_as_int(f))
-
-    @intrinsic
-    def _cvt_f32_f16(typingctx, h):
-        sig = types.float32(types.uint16)
-
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.FloatType(), [ir.IntType(16)])
-            asm = ir.InlineAsm(fnty, "cvt.f32.f16 $0, $1;", "=f,h")
-            return builder.call(asm, [args[0]])
-
-        return sig, codegen
-
-    @device
-    def f16_to_f32(h):
-        """float16 bits (low half of a uint32) -> float32, exact."""
-        return _cvt_f32_f16(np.uint16(h & np.uint32(0xFFFF)))
-
-else:
-
-    @device
-    def f32_from_bits(u):
-        """The float32 whose bit pattern is the uint32 ``u``."""
-        return np.uint32(int(u) & 0xFFFFFFFF).view(np.float32)
-
-    @device
-    def bits_from_f32(f):
-        """The bit pattern of the float32 ``f`` as uint32."""
-        return np.float32(f).view(np.uint32)
-
-    @device
-    def f16_to_f32(h):
-        """float16 bits (low half of a uint32) -> float32, exact."""
-        return np.float32(np.uint16(int(h) & 0xFFFF).view(np.float16))
 
 
 @device

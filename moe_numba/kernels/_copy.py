@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba.cuda import types
 
-from ._primitives import device
-from ._words import ld16, st16, st16_streaming
+from ._intrinsics import device, ld16, st16, st16_streaming
 
 WIDTHS = (16, 8, 4, 2, 1)
 
@@ -75,8 +74,9 @@ def _stz(p, i):
 
 def word_ops(width, streaming=False):
     """(load, store, store_zero) device functions for words of ``width`` bytes; with
-    ``streaming``, 16-byte words are stored with the streaming cache hint (see ``_words``;
-    narrower words, from odd rows, are stored plainly)."""
+    ``streaming``, 16-byte words are stored with the streaming cache hint
+    (:func:`._intrinsics.st16_streaming`; narrower words, from odd rows, are stored
+    plainly)."""
     if width == 16:
         return (_ld16, _st16s, _stz16s) if streaming else (_ld16, _st16, _stz16)
     return _ld, _st, _stz

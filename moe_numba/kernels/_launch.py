@@ -1,12 +1,12 @@
 """The raw launcher: numba compiles, ``cuda.core.launch`` launches.
 
-numba's dispatcher costs 25-260 us of host time per launch (argument typing, DLPack exports,
-a context lookup); a kernel compiled for an explicit signature of ``CPointer``s and int64
-scalars and launched with ``cuda.core.launch`` costs 5-8 us (measured on an H200, see
-docs/performance.rst).
-So every kernel of this package is
+numba's dispatcher spends far more host time on a launch (argument typing, DLPack exports, a
+context lookup) than the small kernels of a call take on the GPU; a kernel compiled for an
+explicit signature of ``CPointer``s and int64 scalars and launched with ``cuda.core.launch``
+costs a fraction of that (docs/performance.rst). So every kernel of this package is
 
-- a lazy ``@cuda.jit`` dispatcher (nothing compiles at import),
+- a lazy ``@cuda.jit`` dispatcher (nothing compiles at import), declared by a
+  :class:`._family.KernelFamily`,
 - compiled once per explicit signature on first use (``dispatcher.compile(sig)``), its
   ``cuda.core`` kernel object cached per device,
 - launched with raw device addresses (Python ints) on the caller's stream.
@@ -22,27 +22,15 @@ signature.
 from __future__ import annotations
 
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 
 from .._cache import BoundedCache
 from .._errors import INSTALL_GPU_EXTRA, MISSING_TOOLKIT_ERRORS, GPUUnavailableError
-
-SIM = bool(config.ENABLE_CUDASIM)
+from ._intrinsics import SIM
 
 if not SIM:
     from cuda.bindings import driver as _driver
     from cuda.core import LaunchConfig, Stream, launch
-
-
-def jit(fn, max_registers=None):
-    """A lazy kernel dispatcher (compiled per signature on first use).
-
-    ``max_registers`` caps registers per thread on a GPU (needed for 1024-thread blocks:
-    64 at most); the simulator takes no such option.
-    """
-    if SIM or max_registers is None:
-        return cuda.jit(fn)
-    return cuda.jit(max_registers=max_registers)(fn)
 
 
 def optional_arg(buf, dtype):
@@ -150,10 +138,11 @@ class Launcher:
     def __call__(self, kernel, grid, block, args, shmem=0, dependent=False):
         """Launch ``kernel`` (a :class:`RawKernel`) with ``args`` (ints or simulator arrays).
 
-        ``dependent=True``: ``kernel`` calls :func:`._griddep.wait` before it touches
-        anything the kernel ahead of it in the stream reads or writes (whoever launched
-        that one), or only touches what that kernel does not; on sm_90 and newer it is then
-        launched as a programmatic dependent, which may start before the kernel ahead ends.
+        ``dependent=True``: ``kernel`` calls :func:`._intrinsics.griddep_wait` before it
+        touches anything the kernel ahead of it in the stream reads or writes (whoever
+        launched that one), or only touches what that kernel does not; on sm_90 and newer it
+        is then launched as a programmatic dependent, which may start before the kernel
+        ahead ends.
         """
         if SIM:
             kernel.dispatcher[grid, block, 0, shmem](*args)

@@ -18,7 +18,7 @@ import ctypes
 
 import numpy as np
 
-from ._launch import SIM
+from ._intrinsics import SIM
 
 if not SIM:
     from cuda.bindings import driver as _driver

@@ -40,10 +40,12 @@ def moe_permute(arrays, scalars, tokens_per_expert):
     """:func:`moe_numba.moe_permute` on torch tensors, through ``moe_numba::permute``.
 
     ``arrays`` and ``scalars`` are what the CPU and GPU paths check (``PermuteArrays`` and
-    ``(num_experts, padding_alignment, do_gather, using_ue8m0_scale, return_expert_indices,
-    override_buffer_size, validate)``).
+    the dict of the other checked arguments by name).
     """
-    num_experts, padding_alignment, *flags, override_buffer_size, validate = scalars
+    num_experts = scalars["num_experts"]
+    padding_alignment = scalars["padding_alignment"]
+    override_buffer_size = scalars["override_buffer_size"]
+    return_expert_indices = scalars["return_expert_indices"]
     if not torch.compiler.is_compiling():
         plan = _checked(_api._permute_calls, arrays, scalars, check_permute_metadata)
         plan = with_capacities(plan, tokens_per_expert)
@@ -56,11 +58,12 @@ def moe_permute(arrays, scalars, tokens_per_expert):
         num_experts,
         tokens_per_expert,
         padding_alignment,
-        *flags,
+        scalars["do_gather"],
+        scalars["using_ue8m0_scale"],
+        return_expert_indices,
         override_buffer_size,
-        validate,
+        scalars["validate"],
     )
-    return_expert_indices = flags[2]
     return outputs if return_expert_indices else outputs[:4]
 
 
@@ -69,4 +72,4 @@ def moe_unpermute(arrays, scalars):
     (``arrays`` and ``scalars`` as the CPU and GPU paths check them)."""
     if not torch.compiler.is_compiling():
         _checked(_api._unpermute_calls, arrays, scalars, check_unpermute_metadata)
-    return _ops.unpermute(*arrays, *scalars)
+    return _ops.unpermute(*arrays, *scalars.values())

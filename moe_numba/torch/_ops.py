@@ -21,6 +21,8 @@ from torch import Tensor
 
 from .. import _api
 from .._contract import (
+    PermuteArrays,
+    UnpermuteArrays,
     capacities_from,
     check_permute_metadata,
     check_unpermute_metadata,
@@ -116,19 +118,16 @@ def _(
     counts = () if tokens_per_expert is None else tuple(tokens_per_expert)
     if _concrete(num_experts, padding_alignment, override_buffer_size, *counts):
         check_permute_metadata(
-            hidden_states,
-            scale,
-            expert_routemap_topk,
-            expert_prob_topk,
-            num_experts,
-            padding_alignment,
-            do_gather,
-            using_ue8m0_scale,
-            return_expert_indices,
-            override_buffer_size,
-            validate,
-            shape_of=_api._shape_of,
-            dtype_of=_api._dtype_of,
+            _api._metadata(
+                PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
+            ),
+            num_experts=num_experts,
+            padding_alignment=padding_alignment,
+            do_gather=do_gather,
+            using_ue8m0_scale=using_ue8m0_scale,
+            return_expert_indices=return_expert_indices,
+            override_buffer_size=override_buffer_size,
+            validate=validate,
         )
         if override_buffer_size < 0:
             capacities_from(tokens_per_expert, num_experts)
@@ -195,17 +194,19 @@ def _(
 ):
     if _concrete(total_zipped_tokens, num_experts):
         check_unpermute_metadata(
-            hidden_states_unzipped,
-            zipped_expertwise_rowmap,
-            expert_routemap_topk,
-            token_prob_unzipped,
-            total_zipped_tokens,
-            num_experts,
-            using_mix_precision,
-            using_weighted_combine,
-            validate,
-            shape_of=_api._shape_of,
-            dtype_of=_api._dtype_of,
+            _api._metadata(
+                UnpermuteArrays(
+                    hidden_states_unzipped,
+                    zipped_expertwise_rowmap,
+                    expert_routemap_topk,
+                    token_prob_unzipped,
+                )
+            ),
+            total_zipped_tokens=total_zipped_tokens,
+            num_experts=num_experts,
+            using_mix_precision=using_mix_precision,
+            using_weighted_combine=using_weighted_combine,
+            validate=validate,
         )
     hidden = hidden_states_unzipped.shape[1]
     topk = expert_routemap_topk.shape[1]

@@ -6,71 +6,42 @@ starts only once the host has enqueued its first kernel. Launched before the sta
 :class:`Hold` keeps the stream busy until the host has enqueued the whole batch and calls
 :meth:`Hold.release`, so the events time the GPU work alone (the "blocking kernel" of
 NVIDIA's nvbench). Host time per call is measured on its own (``bench``'s ``host us``).
+
+Only the benchmark uses it; it is no part of the library's kernels.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, int64
-from numba.cuda import types
+from numba import cuda, int32, int64
 
-from ._launch import SIM, Launcher, RawKernel, jit
-from ._primitives import device
-
-if not SIM:
-    from llvmlite import ir
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def _read_volatile(typingctx, ptr):
-        """``ld.volatile.global.u32`` of ``ptr[0]``: an asm statement with side effects, so
-        the compiler neither caches the value nor hoists the load out of a loop (a plain or
-        ``ld.cv`` load was hoisted, and the spin never saw the host's write)."""
-        sig = types.int32(ptr)
-
-        def codegen(context, builder, sig, args):
-            i64 = ir.IntType(64)
-            fnty = ir.FunctionType(ir.IntType(32), [i64])
-            asm = ir.InlineAsm(fnty, "ld.volatile.global.u32 $0, [$1];", "=r,l", side_effect=True)
-            return builder.call(asm, [builder.ptrtoint(args[0], i64)])
-
-        return sig, codegen
-
-    @device
-    def _pause():
-        cuda.nanosleep(1000)
-
-else:
-
-    @device
-    def _read_volatile(flag):
-        return flag[0]
-
-    @device
-    def _pause():
-        pass
+from ..kernels._family import INT, KernelFamily, NoKey, ptr
+from ..kernels._intrinsics import pause, read_volatile
+from ..kernels._launch import Launcher
 
 
-def _hold_body(flag, spins):
+def _hold_params(key):
+    """The hold kernel's parameters."""
+    return [
+        ("flag", ptr(int32)),  # mapped host words: [go, timed out]
+        ("spins", INT),  # pauses before it gives up
+    ]
+
+
+def hold(flag, spins):
     """Spin until ``flag[0] != 0``; after ``spins`` pauses of about 1 us, give up and set
     ``flag[1] = 1``."""
     if cuda.threadIdx.x == 0 and cuda.blockIdx.x == 0:
         n = int64(0)
-        while _read_volatile(flag) == 0:
+        while read_volatile(flag) == 0:
             if n == spins:
                 flag[1] = 1
                 return
             n += 1
-            _pause()
+            pause()
 
 
-_SIGNATURE = types.void(types.CPointer(types.int32), types.int64)
-_KERNEL = RawKernel(jit(_hold_body), _SIGNATURE, "hold")
-
-
-def kernels():
-    """(name, python function, signature) of this module's kernel (for the PTX test)."""
-    return [("hold", _hold_body, _SIGNATURE)]
+HOLD = KernelFamily("hold", _hold_params, lambda key: hold, lambda: [NoKey()])
 
 
 class Hold:
@@ -98,7 +69,7 @@ class Hold:
     def start(self):
         """Launch the holding kernel on the legacy default stream."""
         self._flag[:] = 0
-        Launcher(0)(_KERNEL, 1, 32, (self._arg, self._spins))
+        Launcher(0)(HOLD.get(NoKey()), 1, 32, HOLD.args({"flag": self._arg, "spins": self._spins}))
 
     def release(self):
         """Let the held stream go (the kernel sees the flag within a microsecond or so)."""

@@ -1,0 +1,343 @@
+"""moe_unpermute's combine stage: each token's rows, folded in ascending expert order.
+
+One block per token; each thread owns whole column words of the output row::
+
+    rowmap[t, :]    thread i takes experts [i * G, (i + 1) * G); valid rows (0 <= r < R)
+        |           counted (four loads in flight), placed by one block scan
+        v
+    list [LMAX]     the token's rows in ascending expert id (shared)
+        |
+        |-- out_probs[t, k] = probs[rowmap[t, routemap[t, k]]]  (0 when there is none)
+        '-- out[t, w]     for each word w: load it from four rows at a time (with their
+                          probabilities), fold each lane into a float32 accumulator in list
+                          order, round to the data type once (mix_precision) or after every
+                          step, NaN made canonical
+
+Words are 16 bytes when the row allows (8 bf16/fp16 or 4 float32 lanes). The weighted
+combine's ``cuda.fma`` is the float path's only multiply-add (explicit: the contract says
+where the fma rounds). There is no warp-level reduction over the experts: a shuffle tree
+would change the float32 rounding order that CPU and GPU share. A token with more valid rows
+than the list holds (only with malformed rowmaps and E > LMAX) walks its rowmap row directly;
+invalid entries count as -1, so the combine needs no validation.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda, float32, int32, int64, uint32
+
+from .. import _abi
+from ._convert import bf16_to_f32, f32_canonical_bits, f32_to_bf16, f32_to_f16
+from ._copy import WORD_TYPE, word_ops
+from ._family import INDEX_TYPES, INT, KernelFamily, ptr
+from ._intrinsics import (
+    TMP_WORDS,
+    block_exclusive_scan_i64,
+    device,
+    f16_to_f32,
+    f32_from_bits,
+    griddep_wait,
+)
+
+LMAX = 256  # rows a token's shared list holds
+
+ITEMSIZE = {_abi.DATA_FLOAT32: 4, _abi.DATA_BFLOAT16: 2, _abi.DATA_FLOAT16: 2}
+DATA_TYPES = (_abi.DATA_FLOAT32, _abi.DATA_BFLOAT16, _abi.DATA_FLOAT16)
+
+_M32 = np.uint64(0xFFFFFFFF)
+
+
+class CombineKey(NamedTuple):
+    """A combine variant: word width (bytes), data type (``_abi.DATA_*``), weighted,
+    mix_precision, the routing map's id bits."""
+
+    word: int
+    data_type: int
+    weighted: bool
+    mix: bool
+    index_bits: int
+
+    TAGS = ("w", "d", "wt", "mix", "i")
+
+
+def widths(data_type):
+    """The word widths a combine of ``data_type`` rows may use (falling)."""
+    return (16, 8, 4) if data_type == _abi.DATA_FLOAT32 else (16, 8, 4, 2)
+
+
+def _combine_variants():
+    for data_type in DATA_TYPES:
+        for width in widths(data_type):
+            for weighted in (False, True):
+                for mix in (False, True):
+                    for bits in INDEX_TYPES:
+                        yield CombineKey(width, data_type, weighted, mix, bits)
+
+
+def _combine_params(key):
+    """The combine kernel's parameters (:class:`CombineKey`)."""
+    word = ptr(WORD_TYPE[key.word])
+    return [
+        ("rows", word),  # [R, nw] words (null when R = 0)
+        ("rowmap", ptr(int32)),  # [T, E]
+        ("routemap", ptr(INDEX_TYPES[key.index_bits])),  # [T, K]
+        ("probs", ptr(float32)),  # [R] (null when R = 0)
+        ("out", word),  # out [T, nw] words
+        ("out_probs", ptr(float32)),  # out [T, K]
+        ("R", INT),
+        ("E", INT),
+        ("K", INT),
+        ("nw", INT),  # words per row
+        ("first", INT),  # 1: the call's first kernel (it waits for the caller's)
+    ]
+
+
+@device
+def _valid(r, R):
+    return 1 if r >= 0 and r < R else 0
+
+
+# uint32 unit j of a word, per word width (j is a constant once the lane loops unroll)
+@device
+def _unit16(v, j):
+    q = v[j >> 1]
+    if (j & 1) == 0:
+        return np.uint32(q & _M32)
+    return np.uint32(q >> np.uint64(32))
+
+
+@device
+def _unit8(v, j):
+    if j == 0:
+        return np.uint32(v & _M32)
+    return np.uint32(v >> np.uint64(32))
+
+
+@device
+def _unit4(v, j):
+    return np.uint32(v)
+
+
+_UNIT = {16: _unit16, 8: _unit8, 4: _unit4, 2: _unit4}
+
+
+@device
+def _join16(u):
+    lo = np.uint64(u[0]) | (np.uint64(u[1]) << np.uint64(32))
+    hi = np.uint64(u[2]) | (np.uint64(u[3]) << np.uint64(32))
+    return (lo, hi)
+
+
+@device
+def _join8(u):
+    return np.uint64(u[0]) | (np.uint64(u[1]) << np.uint64(32))
+
+
+@device
+def _join4(u):
+    return np.uint32(u[0])
+
+
+@device
+def _join2(u):
+    return np.uint16(u[0])
+
+
+_JOIN = {16: _join16, 8: _join8, 4: _join4, 2: _join2}
+
+
+def _make_lane_ops(width, data_type):
+    """(lane(v, i) -> float32, to_bits(f) -> uint32, round_trip(f) -> float32)."""
+    unit = _UNIT[width]
+    if data_type == _abi.DATA_FLOAT32:
+
+        @device
+        def lane(v, i):
+            return f32_from_bits(unit(v, i))
+
+        @device
+        def to_bits(f):
+            return f32_canonical_bits(f)
+
+        @device
+        def round_trip(f):
+            return f
+
+    elif data_type == _abi.DATA_BFLOAT16:
+
+        @device
+        def lane(v, i):
+            x = unit(v, i >> 1)
+            if (i & 1) == 0:
+                return f32_from_bits(x << np.uint32(16))
+            return f32_from_bits(x & np.uint32(0xFFFF0000))
+
+        @device
+        def to_bits(f):
+            return f32_to_bf16(f)
+
+        @device
+        def round_trip(f):
+            return bf16_to_f32(f32_to_bf16(f))
+
+    else:
+
+        @device
+        def lane(v, i):
+            x = unit(v, i >> 1)
+            if (i & 1) == 0:
+                return f16_to_f32(x & np.uint32(0xFFFF))
+            return f16_to_f32(x >> np.uint32(16))
+
+        @device
+        def to_bits(f):
+            return f32_to_f16(f)
+
+        @device
+        def round_trip(f):
+            return f16_to_f32(f32_to_f16(f))
+
+    return lane, to_bits, round_trip
+
+
+def _make_combine(key):
+    """The combine kernel of one :class:`CombineKey` variant."""
+    width, data_type = key.word, key.data_type
+    esize = ITEMSIZE[data_type]
+    NL = width // esize  # lanes per word
+    NU = max(1, width // 4)  # uint32 units per word
+    PER_UNIT = 1 if esize == 4 else 2
+    ld = word_ops(width)[0]
+    st = word_ops(width)[1]
+    join = _JOIN[width]
+    lane, to_bits, round_trip = _make_lane_ops(width, data_type)
+    WEIGHTED = bool(key.weighted)
+    MIX = bool(key.mix)
+
+    @device
+    def step(acc, v, p):
+        for i in range(NL):
+            x = lane(v, i)
+            if WEIGHTED:
+                a = cuda.fma(x, p, acc[i])
+            else:
+                a = acc[i] + x
+            if not MIX:
+                a = round_trip(a)
+            acc[i] = a
+
+    @device
+    def pack(acc):
+        u = cuda.local.array(NU, uint32)
+        for j in range(NU):
+            u[j] = np.uint32(0)
+        for i in range(NL):
+            b = to_bits(acc[i])
+            if PER_UNIT == 1:
+                u[i] = b
+            elif (i & 1) == 0:
+                u[i >> 1] = u[i >> 1] | b
+            else:
+                u[i >> 1] = u[i >> 1] | (b << np.uint32(16))
+        return join(u)
+
+    def combine(rows, rowmap, routemap, probs, out, out_probs, R, E, K, nw, first):
+        if first != 0:
+            griddep_wait()  # (the caller's kernels; after check it needs nothing of check's)
+        lst_row = cuda.shared.array(LMAX, int32)
+        tmp = cuda.shared.array(TMP_WORDS, int64)
+        tid = int64(cuda.threadIdx.x)
+        bd = int64(cuda.blockDim.x)
+        t = int64(cuda.blockIdx.x)
+
+        # 1) the token's valid rows, ascending expert id. Thread tid owns experts
+        # [tid * G, tid * G + G): it counts its valid rows (four loads in flight), one block
+        # scan places them.
+        G = (E + bd - 1) // bd
+        eb = min(E, tid * G)
+        ee = min(E, eb + G)
+        f0 = t * E
+        cnt = int64(0)
+        e = eb
+        while e < ee:
+            r0 = int64(rowmap[f0 + e])
+            r1 = int64(rowmap[f0 + e + 1]) if e + 1 < ee else int64(-1)
+            r2 = int64(rowmap[f0 + e + 2]) if e + 2 < ee else int64(-1)
+            r3 = int64(rowmap[f0 + e + 3]) if e + 3 < ee else int64(-1)
+            cnt += _valid(r0, R) + _valid(r1, R) + _valid(r2, R) + _valid(r3, R)
+            e += 4
+        q, n = block_exclusive_scan_i64(cnt, tmp)
+        e = eb
+        while e < ee and q < LMAX:  # (rereads hit L1)
+            r = int64(rowmap[f0 + e])
+            if r >= 0 and r < R:
+                lst_row[q] = r
+                q += 1
+            e += 1
+
+        # 2) expert_prob_topk
+        k = tid
+        while k < K:
+            g = t * K + k
+            i = int64(routemap[g])
+            p = float32(0)
+            if i >= 0 and i < E:
+                r = int64(rowmap[f0 + i])
+                if r >= 0 and r < R:
+                    p = probs[r]
+            out_probs[g] = p
+            k += bd
+        cuda.syncthreads()  # the list is complete
+
+        # 3) combine the rows, word by word
+        acc = cuda.local.array(NL, float32)
+        ob = t * nw
+        if n <= LMAX:
+            for w in range(tid, nw, bd):
+                for i in range(NL):
+                    acc[i] = float32(0)
+                j = 0
+                p0 = p1 = p2 = p3 = float32(0)
+                while j + 4 <= n:
+                    r0 = int64(lst_row[j])
+                    r1 = int64(lst_row[j + 1])
+                    r2 = int64(lst_row[j + 2])
+                    r3 = int64(lst_row[j + 3])
+                    v0 = ld(rows, r0 * nw + w)
+                    v1 = ld(rows, r1 * nw + w)
+                    v2 = ld(rows, r2 * nw + w)
+                    v3 = ld(rows, r3 * nw + w)
+                    if WEIGHTED:  # (loaded next to the rows: no extra round trip)
+                        p0 = probs[r0]
+                        p1 = probs[r1]
+                        p2 = probs[r2]
+                        p3 = probs[r3]
+                    step(acc, v0, p0)
+                    step(acc, v1, p1)
+                    step(acc, v2, p2)
+                    step(acc, v3, p3)
+                    j += 4
+                while j < n:
+                    r0 = int64(lst_row[j])
+                    v0 = ld(rows, r0 * nw + w)
+                    if WEIGHTED:
+                        p0 = probs[r0]
+                    step(acc, v0, p0)
+                    j += 1
+                st(out, ob + w, pack(acc))
+        else:
+            for w in range(tid, nw, bd):
+                for i in range(NL):
+                    acc[i] = float32(0)
+                for e in range(E):
+                    r = int64(rowmap[t * E + e])
+                    if r >= 0 and r < R:
+                        step(acc, ld(rows, r * nw + w), probs[r])
+                st(out, ob + w, pack(acc))
+
+    return combine
+
+
+COMBINE = KernelFamily("combine", _combine_params, _make_combine, _combine_variants)
