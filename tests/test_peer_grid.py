@@ -319,6 +319,25 @@ def test_unpermute(grid, dtype, device, weighted):
         assert_same_bits(grad_row_probs.cpu(), expected)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("grid", "dtype"), _cases(INDEX[:2] + PADDED[:2] + EMPTY[2:3]))
+def test_weighted_unpermute_rows_only(grid, dtype, device):
+    """A weighted unpermute whose probabilities need no gradient (autograd then saves no
+    rows): the row gradient is still the float32 products, bit for bit."""
+    case = make_case(grid, dtype)
+    r = case.num_rows
+    rows_in = case.rand((r, grid.hidden), dtype, "rows")
+    row_probs = case.rand((r,), torch.float32, "row probs")
+    grad_out = case.rand((grid.num_tokens, grid.hidden), dtype, "grad out")
+    rows_on, rowmap, routemap, row_probs_on, grad_out_on = _on(
+        device, rows_in, case.rowmap, case.routemap, row_probs, grad_out
+    )
+    rows_on.requires_grad_()
+    out, _ = _unpermute(case, rows_on, rowmap, routemap, row_probs_on, True)
+    (grad_rows,) = torch.autograd.grad(out, rows_on, grad_out_on)
+    assert_same_bits(grad_rows.cpu(), ref.spread(grad_out, case.rowmap, r, row_probs))
+
+
 # ------------------------------------------------------------------------------------------
 # TE's end-to-end checks
 
