@@ -39,3 +39,12 @@ DATA_FLOAT16 = 2
 CANONICAL_NAN_FLOAT32 = 0x7FC00000
 CANONICAL_NAN_BFLOAT16 = 0x7FC0
 CANONICAL_NAN_FLOAT16 = 0x7E00
+
+# moe_sort_chunks (split sizes read on the device; chunk indices are positions in
+# split_sizes; a negative size counts as 0 for the starts of the chunks after it)
+SORT_BAD_SIZE = 0  # smallest chunk c with split_sizes[c] < 0
+SORT_BAD_SIZE_VALUE = 1  # that size
+SORT_PAST_END = 2  # smallest chunk c that ends past the last row of x
+SORT_PAST_END_SIZE = 3  # its size
+SORT_PAST_END_START = 4  # the row it starts at (<= the rows of x)
+SORT_STATUS_LEN = 5

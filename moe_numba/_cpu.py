@@ -64,3 +64,36 @@ def unpermute(plan, arrays, validate):
         plan.mix_precision,
     )
     return (hidden, slot_probs), (status if validate else None)
+
+
+def _check_sort_slots():
+    from moe_cpu._sort_chunks import STATUS_SLOTS
+
+    ours = {name: getattr(_abi, name) for name in STATUS_SLOTS}
+    if ours != STATUS_SLOTS:
+        raise ImportError(
+            f"moe_cpu._sort_chunks and moe_numba._abi disagree on the SORT_* slots: "
+            f"{STATUS_SLOTS} != {ours}"
+        )
+
+
+_check_sort_slots()
+
+
+def sort_chunks(plan, arrays, validate, empty=moe_cpu.empty):
+    """Run ``moe_sort_chunks`` on NumPy arrays (see the module docstring); ``empty``
+    allocates the outputs."""
+    from ._contract_sort import sort_outputs
+
+    y, probs_y = sort_outputs(plan, empty)
+    status = np.empty(_abi.SORT_STATUS_LEN, dtype=np.int64)
+    moe_cpu.sort_chunks(
+        _as_bytes(arrays.x),
+        plan.sizes,
+        plan.order,
+        arrays.probs,
+        _as_bytes(y),
+        probs_y,
+        status,
+    )
+    return (y, probs_y), (status if validate else None)

@@ -137,3 +137,39 @@ class _GPUBackend:
             stream=call.library.stream(rows),
         )
         return (hidden, slot_probs), (status.read() if validate else None)
+
+
+def _sort_chunks(self, plan, arrays, validate):
+    """Run ``moe_sort_chunks`` on CUDA arrays: ``(outputs, status words or None)``.
+
+    Host sizes were checked before the call, so only sizes on the device are checked here
+    (and only they cost the status read).
+    """
+    from ._contract_sort import sort_outputs
+    from .kernels.sort_chunks import sort_chunks
+
+    call = _Call(arrays.x)
+    y, probs_y = sort_outputs(plan, call.empty)
+    sizes = arrays.split_sizes
+    if sizes is None:
+        sizes = self._capacities_on_device(call, plan.sizes)
+    check = validate and arrays.split_sizes is not None
+    status = sort_chunks(
+        call.buffer(arrays.x),
+        call.buffer(sizes),
+        call.buffer(self._capacities_on_device(call, plan.order)),
+        call.buffer(arrays.probs),
+        num_rows=plan.num_rows,
+        row_bytes=plan.row_bytes,
+        num_chunks=plan.num_chunks,
+        sizes_itemsize=plan.sizes_dtype.itemsize,
+        out_y=call.buffer(y),
+        out_probs=call.buffer(probs_y),
+        validate=check,
+        alloc=call.alloc,
+        stream=call.library.stream(arrays.x),
+    )
+    return (y, probs_y), (status.read() if check else None)
+
+
+_GPUBackend.sort_chunks = _sort_chunks
