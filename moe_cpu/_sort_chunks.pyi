@@ -10,5 +10,6 @@ def sort_chunks(
     probs: npt.NDArray[np.float32] | None,
     y: npt.NDArray[np.uint8],
     probs_y: npt.NDArray[np.float32] | None,
+    lengths: npt.NDArray[np.int64],
     status: npt.NDArray[np.int64],
 ) -> None: ...

@@ -114,7 +114,7 @@ cdef void _copy_probs(const float* p, float* q, int64_t N, int64_t covered,
 
 def sort_chunks(const uint8_t[:, ::1] x, const int64_t[::1] sizes, const int64_t[::1] order,
                 const float[::1] probs, uint8_t[:, ::1] y, float[::1] probs_y,
-                int64_t[::1] status):
+                int64_t[::1] lengths, int64_t[::1] status):
     """Backend of ``moe_sort_chunks``: fill the preallocated outputs and the status words.
 
     Parameters
@@ -131,6 +131,9 @@ def sort_chunks(const uint8_t[:, ::1] x, const int64_t[::1] sizes, const int64_t
         ``uint8 [N, row_bytes]`` (OUT).
     probs_y : numpy.ndarray or None
         float32 ``[N]``, given exactly when `probs` is (OUT).
+    lengths : numpy.ndarray
+        int64 ``[C]``: the rows of the chunk at each output position, bad sizes corrected
+        by the rule (OUT).
     status : numpy.ndarray
         int64 ``[SORT_STATUS_LEN]`` (OUT), see :mod:`moe_numba._abi`.
 
@@ -140,8 +143,8 @@ def sort_chunks(const uint8_t[:, ::1] x, const int64_t[::1] sizes, const int64_t
         If the shapes disagree.
     """
     cdef int64_t N = x.shape[0], rb = x.shape[1], C = sizes.shape[0]
-    if y.shape[0] != N or y.shape[1] != rb or order.shape[0] != C:
-        raise ValueError("moe_cpu.sort_chunks: x, y and order disagree in shape")
+    if y.shape[0] != N or y.shape[1] != rb or order.shape[0] != C or lengths.shape[0] != C:
+        raise ValueError("moe_cpu.sort_chunks: x, y, order and lengths disagree in shape")
     if (probs is None) != (probs_y is None) or (
         probs is not None and (probs.shape[0] != N or probs_y.shape[0] != N)
     ):
@@ -163,6 +166,8 @@ def sort_chunks(const uint8_t[:, ::1] x, const int64_t[::1] sizes, const int64_t
             covered = _plan(&sizes[0] if C > 0 else NULL, &order[0] if C > 0 else NULL, C, N,
                             table, table + C, table + 2 * C, table + 3 * C, table + 4 * C,
                             &status[0])
+            if C > 0:
+                memcpy(&lengths[0], table + 2 * C, C * sizeof(int64_t))
             if yp != NULL:
                 for w in prange(pieces, num_threads=nthreads, schedule="static"):
                     _copy_piece(xp, yp, rb, w * rows_per_piece,

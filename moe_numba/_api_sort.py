@@ -91,13 +91,13 @@ def moe_sort_chunks(
         from .torch._sort_chunks import sort_chunks
 
         return sort_chunks(x, split_sizes, order, probs, validate=validate)
-    return sort_chunks_arrays(x, split_sizes, order, probs, validate=validate)
+    return sort_chunks_arrays(x, split_sizes, order, probs, validate=validate).result()
 
 
 def sort_chunks_arrays(x, split_sizes, order, probs=None, *, validate=True, empty=None):
     """``moe_sort_chunks`` on arrays of any kind, never through the torch custom op (the op's
-    implementation calls this). ``empty(shape, dtype)``, if given, allocates the outputs
-    (NumPy arrays only)."""
+    implementation calls this): its :class:`~._contract_sort.SortOutputs`.
+    ``empty(shape, dtype)``, if given, allocates the outputs (NumPy arrays only)."""
     device_sizes = split_sizes if is_cuda_array(split_sizes) else None
     host_sizes = None if device_sizes is not None else host_ints("split_sizes", split_sizes)
     arrays = SortArrays(x, probs, device_sizes)

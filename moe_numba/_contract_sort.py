@@ -169,11 +169,28 @@ def check_sort_metadata(x, probs, split_sizes, order, host_sizes, validate, *, s
     return plan
 
 
+class SortOutputs(NamedTuple):
+    """The outputs of one ``moe_sort_chunks`` call.
+
+    ``lengths`` holds, per position of ``y``, the rows its chunk really has (the sizes in
+    output order, after the rule for bad device sizes): the sizes of the inverse sort, which
+    the torch autograd uses. ``probs`` is None when no probabilities were given.
+    """
+
+    y: object
+    probs: object | None
+    lengths: object
+
+    def result(self):
+        """The pair ``moe_sort_chunks`` returns."""
+        return self.y, self.probs
+
+
 def sort_outputs(plan, empty):
     """Allocate the outputs of ``moe_sort_chunks`` with ``empty(shape, dtype)``."""
     y = empty((plan.num_rows, plan.hidden), plan.dtype)
     probs = empty((plan.num_rows,), np.float32) if plan.has_probs else None
-    return y, probs
+    return SortOutputs(y, probs, empty((plan.num_chunks,), np.int64))
 
 
 def raise_for_sort_status(status, plan: SortPlan):

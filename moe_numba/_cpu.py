@@ -85,15 +85,16 @@ def sort_chunks(plan, arrays, validate, empty=moe_cpu.empty):
     allocates the outputs."""
     from ._contract_sort import sort_outputs
 
-    y, probs_y = sort_outputs(plan, empty)
+    out = sort_outputs(plan, empty)
     status = np.empty(_abi.SORT_STATUS_LEN, dtype=np.int64)
     moe_cpu.sort_chunks(
         _as_bytes(arrays.x),
         plan.sizes,
         plan.order,
         arrays.probs,
-        _as_bytes(y),
-        probs_y,
+        _as_bytes(out.y),
+        out.probs,
+        out.lengths,
         status,
     )
-    return (y, probs_y), (status if validate else None)
+    return out, (status if validate else None)

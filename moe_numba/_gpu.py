@@ -149,7 +149,7 @@ def _sort_chunks(self, plan, arrays, validate):
     from .kernels.sort_chunks import sort_chunks
 
     call = _Call(arrays.x)
-    y, probs_y = sort_outputs(plan, call.empty)
+    out = sort_outputs(plan, call.empty)
     sizes = arrays.split_sizes
     if sizes is None:
         sizes = self._capacities_on_device(call, plan.sizes)
@@ -163,13 +163,14 @@ def _sort_chunks(self, plan, arrays, validate):
         row_bytes=plan.row_bytes,
         num_chunks=plan.num_chunks,
         sizes_itemsize=plan.sizes_dtype.itemsize,
-        out_y=call.buffer(y),
-        out_probs=call.buffer(probs_y),
+        out_y=call.buffer(out.y),
+        out_probs=call.buffer(out.probs),
+        out_lengths=call.buffer(out.lengths),
         validate=check,
         alloc=call.alloc,
         stream=call.library.stream(arrays.x),
     )
-    return (y, probs_y), (status.read() if check else None)
+    return out, (status.read() if check else None)
 
 
 _GPUBackend.sort_chunks = _sort_chunks

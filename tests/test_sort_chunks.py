@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import moe_cpu
 from _cases import HIDDEN_DTYPES, assert_same_bits, random_bits
 from moe_numba import _abi, _oracle, moe_sort_chunks
+from moe_numba._api_sort import sort_chunks_arrays
 from moe_numba._contract_sort import inverse_order
 
 DTYPES = [*HIDDEN_DTYPES, np.int8, np.int32, np.int64, np.uint16, np.float64, np.bool_]
@@ -133,6 +134,13 @@ def test_thread_counts_give_the_same_bits():
 # sizes on the device
 
 
+def effective_lengths(sizes, order, num_rows):
+    """The rows each output position really gets under the rule for bad sizes."""
+    ends = np.minimum(np.cumsum(np.maximum(np.array(sizes, dtype=object), 0)), num_rows)
+    starts = np.concatenate([[0], ends[:-1]]) if len(sizes) else ends
+    return [int(ends[c] - starts[c]) for c in order]
+
+
 def _needs_device(backend):
     if backend.name == "cpu":
         pytest.skip("split sizes in a CUDA array need a CUDA backend (cudasim or a GPU)")
@@ -175,9 +183,14 @@ def test_bad_device_sizes_follow_the_rule_without_validate(backend, sizes, order
     probs = random_bits(rng, (11,), np.float32)
     (expected, expected_probs), status = _oracle.sort_chunks(x, sizes, order, probs)
     assert (status != -1).any()
-    y, probs_y = sort_on(backend, x, sizes, order, probs, device_sizes=True, validate=False)
-    assert_same_bits(y, expected, "y")
-    assert_same_bits(probs_y, expected_probs, "probs_y")
+    dev = backend.to_device
+    out = sort_chunks_arrays(
+        dev(x), dev(np.array(sizes, np.int64)), order, dev(probs), validate=False
+    )
+    assert_same_bits(backend.to_host(out.y), expected, "y")
+    assert_same_bits(backend.to_host(out.probs), expected_probs, "probs_y")
+    # the sizes of the inverse sort (what the torch backward uses)
+    assert backend.to_host(out.lengths).tolist() == effective_lengths(sizes, order, 11)
 
 
 @pytest.mark.parametrize("sizes,order", BAD_SIZES)
@@ -200,13 +213,22 @@ def test_cpu_kernel_follows_the_rule(sizes, order):
     (expected, expected_probs), expected_status = _oracle.sort_chunks(x, sizes, order, probs)
     y = np.empty_like(x)
     probs_y = np.empty_like(probs)
+    lengths = np.empty(len(sizes), np.int64)
     status = np.empty(_abi.SORT_STATUS_LEN, np.int64)
     moe_cpu.sort_chunks(
-        x, np.array(sizes, np.int64), np.array(order, np.int64), probs, y, probs_y, status
+        x,
+        np.array(sizes, np.int64),
+        np.array(order, np.int64),
+        probs,
+        y,
+        probs_y,
+        lengths,
+        status,
     )
     assert_same_bits(y, expected, "y")
     assert_same_bits(probs_y, expected_probs, "probs_y")
     assert status.tolist() == expected_status.tolist()
+    assert lengths.tolist() == effective_lengths(sizes, order, x.shape[0])
 
 
 # ---------------------------------------------------------------------------------------------

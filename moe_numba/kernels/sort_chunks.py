@@ -5,13 +5,13 @@
           sizes (a negative size counts as 0; chunks are cut at row N); with ``validate``
           also the status words (first negative size, first chunk past the end), stored
           straight to the host (:mod:`._status`). Pass 2 over the output positions: the
-          first output row of each. Table (int64, scratch)::
+          first output row and the length (an output of the op) of each. Table (int64,
+          scratch)::
 
               [0, C)    src_first[i]   first row of x of the chunk at output position i
               [C, 2C)   out_first[i]   its first row in y (non-decreasing in i)
-              [2C, 3C)  length[i]
-              [3C, 5C)  per chunk index: first row, length (pass 1's results)
-              [5C]      covered: rows of y that come from chunks (<= N)
+              [2C, 4C)  per chunk index: first row, length (pass 1's results)
+              [4C]      covered: rows of y that come from chunks (<= N)
 
 ``copy``  ``tpr`` threads per row (a power of two up to 128, by the row's word count), rows
           grid-stride. A row below ``covered`` finds its output position by a binary search
@@ -48,15 +48,15 @@ _I = types.int64
 _RT = {4: types.int32, 8: types.int64}
 
 
-def _plan_body(sizes, order, table, status, C, N, validate):
-    """One block: the chunk table (see the module docstring) and, with ``validate``, the
-    status words."""
+def _plan_body(sizes, order, table, lengths, status, C, N, validate):
+    """One block: the chunk table (see the module docstring), the chunk length at every
+    output position and, with ``validate``, the status words."""
     griddep.wait()  # (the caller's kernels)
     tmp = cuda.shared.array(TMP_WORDS, int64)
     tid = int64(cuda.threadIdx.x)
     bd = int64(cuda.blockDim.x)
-    first = 3 * C
-    count = 4 * C
+    first = 2 * C
+    count = 3 * C
     carry = int64(0)  # rows counted before this tile (sizes clamped to N + 1: no overflow)
     bad = BIG
     past = BIG
@@ -94,11 +94,11 @@ def _plan_body(sizes, order, table, status, C, N, validate):
         if i < C:
             table[i] = table[first + c]
             table[C + i] = carry + at
-            table[2 * C + i] = n
+            lengths[i] = n
         carry += total
         base += bd
     if tid == 0:
-        table[5 * C] = carry
+        table[4 * C] = carry
         if validate != 0:
             if bad == BIG:
                 status[_abi.SORT_BAD_SIZE] = -1
@@ -141,7 +141,7 @@ def _make_copy(width):
         rows_per_block = int64(cuda.blockDim.x) // tpr
         r = int64(cuda.blockIdx.x) * rows_per_block + tid // tpr
         stride = int64(cuda.gridDim.x) * rows_per_block
-        covered = table[5 * C]
+        covered = table[4 * C]
         while r < N:
             src = r
             if r < covered:
@@ -168,7 +168,7 @@ _I64P, _F32P = P(types.int64), P(types.float32)
 
 
 def _plan_sig(ri):
-    return types.void(P(_RT[ri]), _I64P, _I64P, _I64P, _I, _I, _I)
+    return types.void(P(_RT[ri]), _I64P, _I64P, _I64P, _I64P, _I, _I, _I)
 
 
 def _copy_sig(width):
@@ -221,21 +221,22 @@ def sort_chunks(
     sizes_itemsize,
     out_y,
     out_probs,
+    out_lengths,
     validate,
     alloc,
     stream,
 ):
     """Run moe_sort_chunks's kernels on ``stream``; see the module docstring and SPEC.md.
 
-    ``sizes`` (int32 or int64 by ``sizes_itemsize``) and ``order`` (int64) are device
-    buffers of ``num_chunks`` entries; ``probs``/``out_probs`` may be None. Every output
+    ``sizes`` (int32 or int64 by ``sizes_itemsize``), ``order`` and ``out_lengths`` (int64)
+    are device buffers of ``num_chunks`` entries; ``probs``/``out_probs`` may be None. Every output
     element is written; nothing is synchronised. With ``validate=True`` returns the call's
     :class:`StatusWords` (final once plan has run), else None.
     """
     N, C, rb = int(num_rows), int(num_chunks), int(row_bytes)
     launch = Launcher(stream)
     status = StatusWords(launch, _abi.SORT_STATUS_LEN) if validate else None
-    (table,) = carve(alloc, ((5 * C + 1, np.dtype(np.int64)),))
+    (table,) = carve(alloc, ((4 * C + 1, np.dtype(np.int64)),))
     launch(
         _kernel("plan", int(sizes_itemsize)),
         1,
@@ -244,6 +245,7 @@ def sort_chunks(
             optional_arg(sizes if C else None, np.int32 if sizes_itemsize == 4 else np.int64),
             optional_arg(order if C else None, np.int64),
             table,
+            optional_arg(out_lengths if C else None, np.int64),
             status.arg if validate else optional_arg(None, np.int64),
             C,
             N,
