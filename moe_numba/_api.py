@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
@@ -66,6 +67,17 @@ def _gpu_backend():
 # location (see ``locate``) -> loader of the backend: both offer ``op(plan, arrays, validate)
 # -> (outputs, status)`` for every op
 _BACKENDS = {"cpu": _cpu_backend, "cuda": _gpu_backend}
+
+
+def _has_torch_tensor(arrays):
+    """Whether any array is a torch tensor (torch is never imported for the answer)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and any(isinstance(x, torch.Tensor) for x in arrays)
+
+
+def _allocator(empty):
+    """The keyword that hands a caller's output allocator to a backend, if there is one."""
+    return {} if empty is None else {"empty": empty}
 
 
 def moe_permute(
@@ -166,6 +178,52 @@ def moe_permute(
            [ 1,  3, -1]], dtype=int32)
     """
     arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
+    if _has_torch_tensor(arrays):  # differentiable torch custom ops, which call _moe_permute
+        from .torch import _calls
+
+        return _calls.moe_permute(
+            *arrays,
+            num_experts,
+            tokens_per_expert,
+            padding_alignment,
+            do_gather,
+            using_ue8m0_scale,
+            return_expert_indices,
+            override_buffer_size,
+            validate=validate,
+        )
+    return _moe_permute(
+        *arrays,
+        num_experts,
+        tokens_per_expert,
+        padding_alignment,
+        do_gather,
+        using_ue8m0_scale,
+        return_expert_indices,
+        override_buffer_size,
+        validate=validate,
+    )
+
+
+def _moe_permute(
+    hidden_states,
+    scale,
+    expert_routemap_topk,
+    expert_prob_topk,
+    num_experts,
+    tokens_per_expert,
+    padding_alignment,
+    do_gather=True,
+    using_ue8m0_scale=False,
+    return_expert_indices=False,
+    override_buffer_size=-1,
+    *,
+    validate=True,
+    empty=None,
+):
+    """:func:`moe_permute` on NumPy or CUDA arrays; ``empty(shape, dtype)``, if given,
+    allocates the CPU backend's outputs."""
+    arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
     backend, plan = _prepare(
         _permute_calls,
         arrays,
@@ -181,7 +239,7 @@ def moe_permute(
         check_permute_metadata,
     )
     plan = with_capacities(plan, tokens_per_expert)
-    outputs, status = backend.permute(plan, arrays, validate)
+    outputs, status = backend.permute(plan, arrays, validate, **_allocator(empty))
     if validate:
         raise_for_permute_status(status, plan)
     return outputs.result()
@@ -265,13 +323,51 @@ def moe_unpermute(
     arrays = UnpermuteArrays(
         hidden_states_unzipped, zipped_expertwise_rowmap, expert_routemap_topk, token_prob_unzipped
     )
+    if _has_torch_tensor(arrays):  # differentiable torch custom ops, which call _moe_unpermute
+        from .torch import _calls
+
+        return _calls.moe_unpermute(
+            *arrays,
+            total_zipped_tokens,
+            num_experts,
+            using_mix_precision,
+            using_weighted_combine,
+            validate=validate,
+        )
+    return _moe_unpermute(
+        *arrays,
+        total_zipped_tokens,
+        num_experts,
+        using_mix_precision,
+        using_weighted_combine,
+        validate=validate,
+    )
+
+
+def _moe_unpermute(
+    hidden_states_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+    token_prob_unzipped,
+    total_zipped_tokens,
+    num_experts,
+    using_mix_precision=True,
+    using_weighted_combine=False,
+    *,
+    validate=True,
+    empty=None,
+):
+    """:func:`moe_unpermute` on NumPy or CUDA arrays (``empty`` as in :func:`_moe_permute`)."""
+    arrays = UnpermuteArrays(
+        hidden_states_unzipped, zipped_expertwise_rowmap, expert_routemap_topk, token_prob_unzipped
+    )
     backend, plan = _prepare(
         _unpermute_calls,
         arrays,
         (total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate),
         check_unpermute_metadata,
     )
-    outputs, status = backend.unpermute(plan, arrays, validate)
+    outputs, status = backend.unpermute(plan, arrays, validate, **_allocator(empty))
     if validate:
         raise_for_unpermute_status(status, plan)
     return outputs

@@ -56,6 +56,11 @@ def is_cuda_array(x):
     return False
 
 
+def _is_torch_cpu_tensor(x):
+    # host arrays of the torch path (moe_numba.torch runs them through NumPy views)
+    return _module_root(x) == "torch" and getattr(getattr(x, "device", None), "type", None) == "cpu"
+
+
 def _describe(x):
     kind = "CUDA array" if is_cuda_array(x) else "host array"
     return f"{type(x).__module__}.{type(x).__name__} ({kind})"
@@ -84,17 +89,14 @@ def locate(arrays):
     for name, x in arrays.items():
         if x is None:
             continue
-        if isinstance(x, np.ndarray):
+        if isinstance(x, np.ndarray) or _is_torch_cpu_tensor(x):
             first_cpu = first_cpu or name
         elif is_cuda_array(x):
             first_cuda = first_cuda or name
         else:
-            hint = ""
-            if _module_root(x) == "torch":
-                hint = " (a torch CPU tensor: pass tensor.numpy(), or move it to CUDA)"
             raise TypeError(
-                f"{name} must be a NumPy array or a CUDA array (numba device array, CuPy "
-                f"array, torch CUDA tensor); got {type(x).__module__}.{type(x).__name__}{hint}"
+                f"{name} must be a NumPy array, a torch tensor or a CUDA array (numba device "
+                f"array, CuPy array); got {type(x).__module__}.{type(x).__name__}"
             )
         if first_cpu and first_cuda:
             raise TypeError(
@@ -193,7 +195,8 @@ class NumpyLibrary:
 
 
 class TorchLibrary:
-    """PyTorch CUDA tensors: caching allocator, current stream of the tensor's device."""
+    """PyTorch CUDA tensors: caching allocator, current stream of the tensor's device (CPU
+    tensors: metadata only, for the checks of the torch path)."""
 
     name = "torch"
 
@@ -268,7 +271,7 @@ class TorchLibrary:
 
     @staticmethod
     def device(x):
-        return ("cuda", x.device.index)
+        return (x.device.type, x.device.index)
 
 
 class CupyLibrary(NumpyLibrary):

@@ -25,9 +25,10 @@ def _kernel_view(x, plan):
     return x if plan.data_type == _abi.DATA_FLOAT32 else x.view(np.uint16)
 
 
-def permute(plan, arrays, validate):
-    """Run ``moe_permute`` on NumPy arrays (see the module docstring)."""
-    out = permute_outputs(plan, moe_cpu.empty)
+def permute(plan, arrays, validate, empty=moe_cpu.empty):
+    """Run ``moe_permute`` on NumPy arrays (see the module docstring); ``empty(shape, dtype)``
+    allocates the outputs."""
+    out = permute_outputs(plan, empty)
     status = np.empty(_abi.PERMUTE_STATUS_LEN, dtype=np.int64)
     moe_cpu.permute(
         _as_bytes(arrays.hidden_states) if plan.do_gather else None,
@@ -47,9 +48,10 @@ def permute(plan, arrays, validate):
     return out, (status if validate else None)
 
 
-def unpermute(plan, arrays, validate):
-    """Run ``moe_unpermute`` on NumPy arrays (see the module docstring)."""
-    hidden, slot_probs = unpermute_outputs(plan, moe_cpu.empty)
+def unpermute(plan, arrays, validate, empty=moe_cpu.empty):
+    """Run ``moe_unpermute`` on NumPy arrays (see the module docstring); ``empty(shape,
+    dtype)`` allocates the outputs."""
+    hidden, slot_probs = unpermute_outputs(plan, empty)
     status = np.empty(_abi.UNPERMUTE_STATUS_LEN, dtype=np.int64)
     moe_cpu.unpermute(
         _kernel_view(arrays.hidden_states_unzipped, plan),

@@ -1,0 +1,133 @@
+"""``moe_permute`` / ``moe_unpermute`` called with torch tensors: checks, then the custom ops.
+
+:func:`moe_numba.moe_permute` and :func:`moe_numba.moe_unpermute` hand every call with a
+torch tensor among its arrays to these functions. In eager mode the call's metadata is
+checked first, by the same code and with the same errors as for any other array kind; then
+the custom op runs (which autograd differentiates). While ``torch.compile`` traces, the
+custom ops' fake kernels run those checks instead (on the traced tensors), so the traced code
+here is only the op call.
+"""
+
+import torch
+
+from .. import _api
+from .._contract import (
+    PermuteArrays,
+    UnpermuteArrays,
+    check_permute_metadata,
+    check_unpermute_metadata,
+    with_capacities,
+)
+from . import _autograd, _ops  # noqa: F401  (_autograd registers the gradients)
+
+
+def _check_all_tensors(arrays):
+    """With one torch tensor among the arrays, every array must be one (the custom ops take
+    tensors only; mixing kinds would leave the outputs' kind undefined)."""
+    named = {name: x for name, x in arrays._asdict().items() if x is not None}
+    tensor = next(name for name, x in named.items() if isinstance(x, torch.Tensor))
+    for name, x in named.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"{tensor} is a torch.Tensor but {name} is a "
+                f"{type(x).__module__}.{type(x).__name__}: pass every array as a torch tensor "
+                "(on one device), or none"
+            )
+
+
+def _checked(calls, arrays, scalars, check_metadata):
+    """The plan of a call, its metadata checked as for every other array kind."""
+    _, plan = _api._prepare(calls, arrays, scalars, check_metadata)
+    _check_all_tensors(arrays)
+    return plan
+
+
+def moe_permute(
+    hidden_states,
+    scale,
+    expert_routemap_topk,
+    expert_prob_topk,
+    num_experts,
+    tokens_per_expert,
+    padding_alignment,
+    do_gather,
+    using_ue8m0_scale,
+    return_expert_indices,
+    override_buffer_size,
+    *,
+    validate,
+):
+    """:func:`moe_numba.moe_permute` on torch tensors, through ``moe_numba::permute``."""
+    if not torch.compiler.is_compiling():
+        arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
+        scalars = (
+            num_experts,
+            padding_alignment,
+            do_gather,
+            using_ue8m0_scale,
+            return_expert_indices,
+            override_buffer_size,
+            validate,
+        )
+        plan = _checked(_api._permute_calls, arrays, scalars, check_permute_metadata)
+        plan = with_capacities(plan, tokens_per_expert)
+        if plan.capacities is not None:  # the checked counts, as the ints the schema takes
+            tokens_per_expert = plan.capacities.tolist()
+    if override_buffer_size >= 0:  # ignored by the contract, so kept out of the schema
+        tokens_per_expert = None
+    outputs = _ops.permute(
+        hidden_states,
+        scale,
+        expert_routemap_topk,
+        expert_prob_topk,
+        num_experts,
+        tokens_per_expert,
+        padding_alignment,
+        do_gather,
+        using_ue8m0_scale,
+        return_expert_indices,
+        override_buffer_size,
+        validate,
+    )
+    return outputs if return_expert_indices else outputs[:4]
+
+
+def moe_unpermute(
+    hidden_states_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+    token_prob_unzipped,
+    total_zipped_tokens,
+    num_experts,
+    using_mix_precision,
+    using_weighted_combine,
+    *,
+    validate,
+):
+    """:func:`moe_numba.moe_unpermute` on torch tensors, through ``moe_numba::unpermute``."""
+    if not torch.compiler.is_compiling():
+        arrays = UnpermuteArrays(
+            hidden_states_unzipped,
+            zipped_expertwise_rowmap,
+            expert_routemap_topk,
+            token_prob_unzipped,
+        )
+        scalars = (
+            total_zipped_tokens,
+            num_experts,
+            using_mix_precision,
+            using_weighted_combine,
+            validate,
+        )
+        _checked(_api._unpermute_calls, arrays, scalars, check_unpermute_metadata)
+    return _ops.unpermute(
+        hidden_states_unzipped,
+        zipped_expertwise_rowmap,
+        expert_routemap_topk,
+        token_prob_unzipped,
+        total_zipped_tokens,
+        num_experts,
+        using_mix_precision,
+        using_weighted_combine,
+        validate,
+    )
