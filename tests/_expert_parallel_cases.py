@@ -1,0 +1,204 @@
+"""The expert-parallel cases, and the worker process that runs them (tests/test_expert_parallel.py
+spawns it; it imports no pytest).
+
+Every rank builds the same global batch from the case's seed, runs the one-process layer on
+all of it, then the expert-parallel layer on its own slice, forward and backward, and reports
+per case whether its slice of the output and of every gradient has the same bits.
+"""
+
+from __future__ import annotations
+
+import datetime
+import traceback
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    tokens: tuple[int, ...]  # per rank
+    num_experts: int
+    topk: int
+    hidden: int = 6
+    dtype: str = "bfloat16"
+    alignment: int = 1
+    weighted: bool = True
+    validate: bool = True
+    unused_experts: tuple[int, ...] = ()  # no token routes there
+    malformed: bool = False  # repeated experts and out-of-range ids (validate=False rules)
+    seed: int = 0
+    bad_rank: int | None = None  # this rank's routing map gets an id outside [-1, E)
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def ranks(self):
+        return len(self.tokens)
+
+
+def global_batch(case):
+    """(x, routemap, probs, dy, weights) of the whole batch, the same on every rank."""
+    rng = np.random.default_rng(case.seed)
+    total = sum(case.tokens)
+    E, K = case.num_experts, case.topk
+    allowed = np.array([e for e in range(E) if e not in case.unused_experts])
+    routemap = np.full((total, K), -1, np.int64)
+    for t in range(total):
+        used = min(K, len(allowed), int(rng.integers(0, K + 1)))
+        routemap[t, rng.choice(K, used, replace=False)] = rng.choice(allowed, used, replace=False)
+    if case.malformed:
+        for t in range(0, total, 3):
+            routemap[t, -1] = routemap[t, 0]  # a repeated expert: counted once
+        if total:
+            routemap[total // 2, 0] = E + 3  # outside [-1, E): treated as -1
+    dtype = DTYPES[case.dtype]
+    x = torch.from_numpy(rng.standard_normal((total, case.hidden)).astype(np.float32)).to(dtype)
+    probs = torch.from_numpy(rng.random((total, K), dtype=np.float32))
+    dy = torch.from_numpy(rng.standard_normal((total, case.hidden)).astype(np.float32)).to(dtype)
+    weights = torch.from_numpy(rng.standard_normal(E).astype(np.float32) + 2)
+    return x, torch.from_numpy(routemap), probs, dy, weights
+
+
+def elementwise_experts(weights, first, alignment, seen):
+    """An expert function that treats each row on its own: ``row * w_e + p * row**2``
+    (the probability enters, so its gradient flows through the experts too); it records
+    the counts it was called with in ``seen``."""
+
+    def expert_fn(rows, tokens_per_expert, probs):
+        seen.append(list(tokens_per_expert))
+        assert all(n % alignment == 0 for n in tokens_per_expert), tokens_per_expert
+        assert sum(tokens_per_expert) == rows.shape[0]
+        count = torch.tensor(tokens_per_expert, dtype=torch.int64)
+        local = weights[first : first + len(tokens_per_expert)]
+        w = torch.repeat_interleave(local, count).to(rows.dtype).unsqueeze(1)
+        return rows * w + probs.to(rows.dtype).unsqueeze(1) * rows * rows
+
+    return expert_fn
+
+
+def _bits(t):
+    t = t.detach().contiguous()
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32).clone()
+
+
+def _leaves(case, x, probs, weights):
+    return (
+        x.clone().requires_grad_(True),
+        probs.clone().requires_grad_(True),
+        weights.clone().requires_grad_(True),
+    )
+
+
+def run_case(case, rank, group=None):
+    """This rank's verdicts for ``case``: a dict of check name -> bool (or an error)."""
+    from moe_numba.torch.distributed import (
+        expert_parallel_moe,
+        local_experts,
+        single_process_moe,
+    )
+
+    x, routemap, probs, dy, weights = global_batch(case)
+    flags = dict(
+        padding_alignment=case.alignment,
+        using_weighted_combine=case.weighted,
+        validate=case.validate,
+    )
+    start = sum(case.tokens[:rank])
+    mine = slice(start, start + case.tokens[rank])
+    if case.bad_rank is not None:
+        bad = routemap.clone()
+        if rank == case.bad_rank and case.tokens[rank]:
+            bad[mine][0, 0] = case.num_experts  # one id past the last expert
+        try:
+            experts = elementwise_experts(
+                weights, local_experts(case.num_experts, group).start, case.alignment, []
+            )
+            expert_parallel_moe(
+                x[mine], bad[mine], probs[mine], experts, case.num_experts, group=group, **flags
+            )
+        except ValueError as error:
+            return {"raised": True, "message": str(error)}
+        return {"raised": False, "message": ""}
+
+    # the reference: one process, the whole batch, every expert
+    rx, rp, rw = _leaves(case, x, probs, weights)
+    y_ref = single_process_moe(
+        rx,
+        routemap,
+        rp,
+        elementwise_experts(rw, 0, case.alignment, []),
+        case.num_experts,
+        **flags,
+    )
+    y_ref.backward(dy)
+
+    results = {}
+    outputs = []
+    for _attempt in range(2):  # twice: run to run determinism
+        lx, lp, lw = _leaves(case, x[mine], probs[mine], weights)
+        experts = local_experts(case.num_experts, group)
+        seen = []
+        y = expert_parallel_moe(
+            lx,
+            routemap[mine],
+            lp,
+            elementwise_experts(lw, experts.start, case.alignment, seen),
+            case.num_experts,
+            group=group,
+            **flags,
+        )
+        y.backward(dy[mine])
+        outputs.append((_bits(y), _bits(lx.grad), _bits(lp.grad), lw.grad.clone()))
+        results["expert_fn called once"] = len(seen) == 1
+    (y, gx, gp, gw), again = outputs
+    results["y"] = torch.equal(y, _bits(y_ref[mine]))
+    results["grad x"] = torch.equal(gx, _bits(rx.grad[mine]))
+    results["grad probs"] = torch.equal(gp, _bits(rp.grad[mine]))
+    results["deterministic"] = all(
+        torch.equal(a, b) for a, b in zip(outputs[0], again, strict=True)
+    )
+    # expert weights: the reduction over rows is the expert function's own (torch's sum);
+    # here only this rank's experts get a gradient, and unused experts get exact zeros
+    local = list(experts)
+    results["grad weights (local experts, close)"] = torch.allclose(
+        gw[local], rw.grad[local], rtol=2e-2, atol=1e-3
+    )
+    others = [e for e in range(case.num_experts) if e not in local]
+    results["grad weights (remote experts zero)"] = bool((gw[others] == 0).all())
+    unused = [e for e in case.unused_experts if e in local]
+    results["grad weights (unused experts zero)"] = bool((gw[unused] == 0).all())
+    results["shapes"] = tuple(lx.grad.shape) == (case.tokens[rank], case.hidden)
+    return results
+
+
+def worker(rank, ranks, port, cases, queue):
+    """One process of the group: every case in turn, verdicts to ``queue``; stops by itself."""
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=ranks,
+            timeout=datetime.timedelta(seconds=60),
+        )
+        # one thread each: several processes share few cores, and moe_cpu's OpenMP threads
+        # and torch's (another OpenMP runtime) would otherwise wait for each other
+        import moe_cpu
+
+        moe_cpu.set_num_threads(1)
+        torch.set_num_threads(1)
+        for case in cases:
+            try:
+                queue.put((case.name, rank, run_case(case, rank)))
+            except Exception:
+                queue.put((case.name, rank, {"error": traceback.format_exc()}))
+                raise
+        dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
