@@ -66,7 +66,9 @@ def permute_backward(
         grad_hidden = back(acc.to(grad_rows.dtype))
     if grad_probs is not None:
         slot_rows, mapped, counted = _routes(rowmap, routemap, num_rows)
-        picked = grad_probs[slot_rows] if num_rows else torch.zeros_like(slot_rows, dtype=torch.float32)
+        picked = (
+            grad_probs[slot_rows] if num_rows else torch.zeros_like(slot_rows, dtype=torch.float32)
+        )
         grad_slots = back(torch.where(mapped & counted, picked, 0.0))
     return grad_hidden, grad_slots
 

@@ -69,32 +69,71 @@ def local_experts(num_experts: int, group=None) -> range:
 
 
 class LayerTimer:
-    """Wall time per stage of :func:`expert_parallel_moe`, summed over calls.
+    """Wall time of each stage of :func:`expert_parallel_moe`, forward and backward, summed
+    over calls (``forward[stage]``, ``backward[stage]`` in seconds).
 
-    The device is synchronised around every stage (so only pass one when measuring).
+    The device is synchronised at every stage boundary, so pass one only when measuring. The
+    backward is timed where the rows' gradient crosses a boundary; the probabilities'
+    gradient, computed alongside, counts towards whichever stage is running then.
     """
 
     STAGES = ("counts", "permute", "all-to-all", "sort", "experts", "unpermute")
 
     def __init__(self):
-        self.seconds = dict.fromkeys(self.STAGES, 0.0)
+        self.forward = dict.fromkeys(self.STAGES, 0.0)
+        self.backward = dict.fromkeys(self.STAGES, 0.0)
+        self._last = None  # (stage whose backward runs, when it started)
 
     @contextlib.contextmanager
     def stage(self, name, like):
+        """Time the forward code of stage ``name`` (``like``: a tensor on the device)."""
         _synchronize(like)
         start = time.perf_counter()
         yield
         _synchronize(like)
-        self.seconds[name] += time.perf_counter() - start
+        self.forward[name] += time.perf_counter() - start
+
+    def mark(self, tensor, stage):
+        """``tensor``, the output of ``stage`` (None: the layer's input), with a clock on
+        its gradient: when it arrives, the backward of ``stage`` begins."""
+        if not tensor.requires_grad:
+            return tensor
+        return _Mark.apply(tensor, self, stage)
+
+    def _reached(self, stage, grad):
+        _synchronize(grad)
+        now = time.perf_counter()
+        if self._last is not None:
+            running, start = self._last
+            self.backward[running] += now - start
+        self._last = None if stage is None else (stage, now)
+
+
+class _Mark(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, timer, stage):
+        ctx.timer, ctx.stage = timer, stage
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.timer._reached(ctx.stage, grad)
+        return grad, None, None
+
+
+class _NoTimer:
+    @staticmethod
+    def stage(name, like):
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def mark(tensor, stage):
+        return tensor
 
 
 def _synchronize(like):
     if like.device.type == "cuda":
         torch.cuda.synchronize(like.device)
-
-
-def _no_timer(name, like):
-    return contextlib.nullcontext()
 
 
 class _AllToAll(torch.autograd.Function):
@@ -224,7 +263,8 @@ def expert_parallel_moe(
         is left waiting in a collective. False: bad ids count as -1 and a repeated expert
         once, as in ``moe_permute``.
     timer : LayerTimer, optional
-        Adds the wall time of each stage (synchronising the device between stages).
+        Adds the wall time of each stage, forward and backward (synchronising the device
+        at every stage boundary).
 
     Returns
     -------
@@ -251,7 +291,8 @@ def expert_parallel_moe(
     check_bool("validate", validate)
     alignment = check_int("padding_alignment", padding_alignment, 1)
     experts = local_experts(num_experts, group)
-    stage = _no_timer if timer is None else timer.stage
+    clock = _NoTimer if timer is None else timer
+    stage = clock.stage
     ranks = dist.get_world_size(group)
     per_rank = len(experts)
     num_tokens, topk = routemap.shape
@@ -281,22 +322,29 @@ def expert_parallel_moe(
     order = [q * per_rank + j for j in range(per_rank) for q in range(ranks)]
     tokens_per_expert = [sum(arriving[j::per_rank]) for j in range(per_rank)]
 
+    x = clock.mark(x, None)
     with stage("permute", x):
         rows, rowmap, row_probs, _ = moe_permute(
             x, None, routemap, probs, num_experts, local, alignment, validate=False
         )
+    rows = clock.mark(rows, "permute")
     with stage("all-to-all", x):
         rows_in = _AllToAll.apply(rows, output_splits, input_splits, group)
         probs_in = _AllToAll.apply(row_probs, output_splits, input_splits, group)
+    rows_in = clock.mark(rows_in, "all-to-all")
     with stage("sort", x):
         expert_rows, expert_probs = moe_sort_chunks(rows_in, arriving, order, probs_in)
+    expert_rows = clock.mark(expert_rows, "sort")
     with stage("experts", x):
         out = expert_fn(expert_rows, tokens_per_expert, expert_probs)
         _check_expert_output(out, expert_rows.shape[0])
+    out = clock.mark(out, "experts")
     with stage("sort", x):
         back, _ = moe_sort_chunks(out, [arriving[c] for c in order], inverse_order(order))
+    back = clock.mark(back, "sort")
     with stage("all-to-all", x):
         back = _AllToAll.apply(back, input_splits, output_splits, group)
+    back = clock.mark(back, "all-to-all")
     with stage("unpermute", x):
         y, _ = moe_unpermute(
             back,
@@ -308,7 +356,7 @@ def expert_parallel_moe(
             using_weighted_combine=using_weighted_combine,
             validate=False,
         )
-    return y
+    return clock.mark(y, "unpermute")
 
 
 def single_process_moe(
