@@ -73,9 +73,12 @@ def elementwise_experts(weights, first, alignment, seen):
         seen.append(list(tokens_per_expert))
         assert all(n % alignment == 0 for n in tokens_per_expert), tokens_per_expert
         assert sum(tokens_per_expert) == rows.shape[0]
-        count = torch.tensor(tokens_per_expert, dtype=torch.int64)
-        local = weights[first : first + len(tokens_per_expert)]
-        w = torch.repeat_interleave(local, count).to(rows.dtype).unsqueeze(1)
+        # each row's weight, from views only (no host-device traffic inside the layer)
+        w = torch.cat(
+            [weights[first + j : first + j + 1].expand(n) for j, n in enumerate(tokens_per_expert)]
+            + [weights[:0]]
+        )
+        w = w.to(rows.dtype).unsqueeze(1)
         return rows * w + probs.to(rows.dtype).unsqueeze(1) * rows * rows
 
     return expert_fn
@@ -199,6 +202,88 @@ def worker(rank, ranks, port, cases, queue):
                 queue.put((case.name, rank, {"error": traceback.format_exc()}))
                 raise
         dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def nccl_worker(rank, ranks, port, queue):
+    """One GPU per process over NCCL: the layer against one process on the GPU, bit for
+    bit, and its host synchronisations counted (one read per forward, none backward)."""
+    import warnings
+
+    from moe_numba.kernels import _status
+
+    try:
+        torch.cuda.set_device(rank)
+        dist.init_process_group(
+            "nccl",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=ranks,
+            timeout=datetime.timedelta(seconds=120),
+        )
+        from moe_numba.torch.distributed import (
+            expert_parallel_moe,
+            local_experts,
+            single_process_moe,
+        )
+
+        case = Case("nccl", tuple(5 + 3 * r for r in range(ranks)), 4 * ranks, 3, alignment=2)
+        device = torch.device("cuda", rank)
+        x, routemap, probs, dy, weights = (t.to(device) for t in global_batch(case))
+        start = sum(case.tokens[:rank])
+        mine = slice(start, start + case.tokens[rank])
+        flags = dict(padding_alignment=case.alignment)
+        rx, rp, rw = _leaves(case, x, probs, weights)
+        y_ref = single_process_moe(
+            rx,
+            routemap,
+            rp,
+            elementwise_experts(rw, 0, case.alignment, []),
+            case.num_experts,
+            **flags,
+        )
+        y_ref.backward(dy)
+
+        reads = []
+        original = _status.StatusWords.read
+        _status.StatusWords.read = lambda self: reads.append(1) or original(self)
+        lx, lp, lw = _leaves(case, x[mine], probs[mine], weights)
+        experts = elementwise_experts(lw, local_experts(case.num_experts).start, 2, [])
+        y = expert_parallel_moe(lx, routemap[mine], lp, experts, case.num_experts, **flags)
+        torch.cuda.synchronize()
+        syncs = {}
+        for phase in ("forward", "backward"):
+            torch.cuda.synchronize()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                if phase == "forward":
+                    lx2, lp2, lw2 = _leaves(case, x[mine], probs[mine], weights)
+                    experts = elementwise_experts(lw2, local_experts(case.num_experts).start, 2, [])
+                    y2 = expert_parallel_moe(
+                        lx2, routemap[mine], lp2, experts, case.num_experts, **flags
+                    )
+                else:
+                    y2.backward(dy[mine])
+                torch.cuda.set_sync_debug_mode("default")
+            syncs[phase] = sum("synchroniz" in str(w.message) for w in caught)
+        _status.StatusWords.read = original
+        results = {
+            "y": torch.equal(_bits(y), _bits(y_ref[mine])),
+            "y again": torch.equal(_bits(y2), _bits(y_ref[mine])),
+            "grad x": torch.equal(_bits(lx2.grad), _bits(rx.grad[mine])),
+            "grad probs": torch.equal(_bits(lp2.grad), _bits(rp.grad[mine])),
+            "one host sync in the forward": syncs["forward"] == 1,
+            "no host sync in the backward": syncs["backward"] == 0,
+            "no status words read": not reads,
+        }
+        queue.put(("nccl", rank, results))
+        dist.barrier()
+    except Exception:
+        queue.put(("nccl", rank, {"error": traceback.format_exc()}))
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -17,7 +17,7 @@ dist = pytest.importorskip("torch.distributed", reason="needs torch.distributed"
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this torch build has no gloo backend", allow_module_level=True)
 
-from _expert_parallel_cases import Case, worker  # noqa: E402
+from _expert_parallel_cases import Case, nccl_worker, worker  # noqa: E402
 
 DEADLINE = 240  # seconds for a whole group (process start-up included)
 
@@ -71,14 +71,15 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _run_group(ranks):
+def _run_group(ranks, cases=None, target=worker):
     """Start ``ranks`` processes on every case of that size; their verdicts by case."""
-    cases = CASES[ranks]
+    cases = CASES[ranks] if cases is None else cases
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     port = _free_port()
+    arguments = (port, cases, queue) if target is worker else (port, queue)
     processes = [
-        context.Process(target=worker, args=(rank, ranks, port, cases, queue), daemon=True)
+        context.Process(target=target, args=(rank, ranks, *arguments), daemon=True)
         for rank in range(ranks)
     ]
     for p in processes:
@@ -144,3 +145,20 @@ def test_against_one_process(ranks, case):
 def test_every_process_ends_by_itself(ranks):
     _, exitcodes = _verdicts(ranks)
     assert exitcodes == [0] * ranks
+
+
+@pytest.mark.gpu
+def test_nccl_on_gpus_one_host_read_per_forward():
+    """One GPU per process over NCCL (runs where two GPUs are present): the same bits as one
+    process on the GPU, one host synchronisation per forward (the split sizes), none in the
+    backward, no status words read."""
+    if torch.cuda.device_count() < 2 or not dist.is_nccl_available():
+        pytest.skip("needs 2 CUDA GPUs and NCCL")
+    verdicts, exitcodes = _run_group(2, cases=[Case("nccl", (5, 8), 8, 3)], target=nccl_worker)
+    per_rank = verdicts["nccl"]
+    assert sorted(per_rank) == [0, 1], f"exit codes {exitcodes}: {per_rank}"
+    for rank, result in per_rank.items():
+        assert "error" not in result, f"rank {rank}:\n{result['error']}"
+        failed = [check for check, ok in result.items() if not ok]
+        assert not failed, f"rank {rank}: {failed}"
+    assert exitcodes == [0, 0]

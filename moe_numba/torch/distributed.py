@@ -175,12 +175,14 @@ def _counts_and_status(routemap, num_experts, validate):
     for k in range(1, topk):
         repeated[:, k] = valid[:, k] & (ids[:, :k] == ids[:, k : k + 1]).any(1)
     words = []
+    padded_ids = torch.cat([ids.flatten(), ids.new_zeros(1)])  # (a slot for "none")
     for found in (~valid & (ids != -1), repeated):
         at = torch.where(found, flat, _BIG).flatten()
-        at = torch.cat([at, at.new_full((1,), _BIG)]).amin()
-        value = torch.cat([ids.flatten(), ids.new_zeros(1)])[at.clamp(max=num_tokens * topk)]
+        at = torch.cat([at, at.new_full((1,), _BIG)]).amin().view(1)
+        # gather, not indexing with a tensor: nothing here may read the device from the host
+        value = padded_ids.gather(0, at.clamp(max=num_tokens * topk))
         words += [torch.where(at == _BIG, -1, at), torch.where(at == _BIG, -1, value)]
-    return counts, torch.stack(words)
+    return counts, torch.cat(words)
 
 
 def _raise_for_routing(words, rank, topk, num_experts):
