@@ -8,7 +8,6 @@ per case whether its slice of the output and of every gradient has the same bits
 
 from __future__ import annotations
 
-import datetime
 import traceback
 from dataclasses import dataclass, field
 
@@ -97,12 +96,23 @@ def _leaves(case, x, probs, weights):
     )
 
 
+def one_process(case, x, routemap, probs, dy, weights, flags):
+    """The reference: one process, the whole batch, every expert, forward and backward;
+    its output and its leaves (x, probs, weights) holding the gradients."""
+    from moe_numba.torch.distributed import single_process_moe
+
+    leaves = _leaves(case, x, probs, weights)
+    experts = elementwise_experts(leaves[2], 0, case.alignment, [])
+    y = single_process_moe(leaves[0], routemap, leaves[1], experts, case.num_experts, **flags)
+    y.backward(dy)
+    return y, leaves
+
+
 def run_case(case, rank, group=None):
     """This rank's verdicts for ``case``: a dict of check name -> bool (or an error)."""
     from moe_numba.torch.distributed import (
         expert_parallel_moe,
         local_experts,
-        single_process_moe,
     )
 
     x, routemap, probs, dy, weights = global_batch(case)
@@ -128,17 +138,7 @@ def run_case(case, rank, group=None):
             return {"raised": True, "message": str(error)}
         return {"raised": False, "message": ""}
 
-    # the reference: one process, the whole batch, every expert
-    rx, rp, rw = _leaves(case, x, probs, weights)
-    y_ref = single_process_moe(
-        rx,
-        routemap,
-        rp,
-        elementwise_experts(rw, 0, case.alignment, []),
-        case.num_experts,
-        **flags,
-    )
-    y_ref.backward(dy)
+    y_ref, (rx, rp, rw) = one_process(case, x, routemap, probs, dy, weights, flags)
 
     results = {}
     outputs = []
@@ -181,20 +181,10 @@ def run_case(case, rank, group=None):
 
 def worker(rank, ranks, port, cases, queue):
     """One process of the group: every case in turn, verdicts to ``queue``; stops by itself."""
-    try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=ranks,
-            timeout=datetime.timedelta(seconds=60),
-        )
-        # one thread each: several processes share few cores, and moe_cpu's OpenMP threads
-        # and torch's (another OpenMP runtime) would otherwise wait for each other
-        import moe_cpu
+    from moe_numba.torch._distributed_bench import join_local_group
 
-        moe_cpu.set_num_threads(1)
-        torch.set_num_threads(1)
+    try:
+        join_local_group(rank, ranks, port, timeout=60, threads=1)  # several per core here
         for case in cases:
             try:
                 queue.put((case.name, rank, run_case(case, rank)))
@@ -213,20 +203,14 @@ def nccl_worker(rank, ranks, port, queue):
     import warnings
 
     from moe_numba.kernels import _status
+    from moe_numba.torch._distributed_bench import join_local_group
 
     try:
         torch.cuda.set_device(rank)
-        dist.init_process_group(
-            "nccl",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=ranks,
-            timeout=datetime.timedelta(seconds=120),
-        )
+        join_local_group(rank, ranks, port, backend="nccl", timeout=120)
         from moe_numba.torch.distributed import (
             expert_parallel_moe,
             local_experts,
-            single_process_moe,
         )
 
         case = Case("nccl", tuple(5 + 3 * r for r in range(ranks)), 4 * ranks, 3, alignment=2)
@@ -235,16 +219,7 @@ def nccl_worker(rank, ranks, port, queue):
         start = sum(case.tokens[:rank])
         mine = slice(start, start + case.tokens[rank])
         flags = dict(padding_alignment=case.alignment)
-        rx, rp, rw = _leaves(case, x, probs, weights)
-        y_ref = single_process_moe(
-            rx,
-            routemap,
-            rp,
-            elementwise_experts(rw, 0, case.alignment, []),
-            case.num_experts,
-            **flags,
-        )
-        y_ref.backward(dy)
+        y_ref, (rx, rp, rw) = one_process(case, x, routemap, probs, dy, weights, flags)
 
         reads = []
         original = _status.StatusWords.read

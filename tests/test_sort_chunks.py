@@ -193,6 +193,40 @@ def test_bad_device_sizes_follow_the_rule_without_validate(backend, sizes, order
     assert backend.to_host(out.lengths).tolist() == effective_lengths(sizes, order, 11)
 
 
+def test_status_is_read_only_for_device_sizes_with_validate(backend, monkeypatch):
+    """One status read for sizes on the device with validate=True (the call's only sync);
+    none with validate=False, and none for host sizes (checked before the launch)."""
+    _needs_device(backend)
+    from moe_numba.kernels import _status
+
+    reads = []
+    original = _status.StatusWords.read
+    monkeypatch.setattr(_status.StatusWords, "read", lambda self: reads.append(1) or original(self))
+    dev = backend.to_device
+    x = dev(np.zeros((6, 2), np.float32))
+    sizes = dev(np.array([2, 1, 3], np.int64))
+    for split_sizes, validate, expected in (
+        (sizes, True, 1),
+        (sizes, False, 0),
+        ([2, 1, 3], True, 0),
+        ([2, 1, 3], False, 0),
+    ):
+        reads.clear()
+        moe_sort_chunks(x, split_sizes, [2, 0, 1], validate=validate)
+        assert len(reads) == expected, (split_sizes, validate)
+
+
+def test_device_rows_with_host_probs_are_refused(backend):
+    _needs_device(backend)
+    with pytest.raises(TypeError, match=r"x is a .* \(CUDA array\) but probs is a numpy.ndarray"):
+        moe_sort_chunks(
+            backend.to_device(np.zeros((6, 2), np.float32)),
+            [2, 1, 3],
+            [2, 0, 1],
+            np.zeros(6, np.float32),
+        )
+
+
 @pytest.mark.parametrize("sizes,order", BAD_SIZES)
 def test_bad_device_sizes_raise_like_host_sizes(backend, sizes, order):
     _needs_device(backend)

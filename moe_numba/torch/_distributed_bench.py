@@ -103,19 +103,30 @@ def format_split(split, title):
     return "\n".join(lines)
 
 
-def _worker(rank, ranks, port, options, results):
-    import moe_cpu
+def join_local_group(rank, ranks, port, *, backend="gloo", timeout=300, threads=None):
+    """Join a process group of ``ranks`` processes on this machine (TCP on 127.0.0.1:port).
 
-    threads = max(1, (os.cpu_count() or 1) // ranks)  # equal shares: no oversubscription
-    moe_cpu.set_num_threads(threads)
-    torch.set_num_threads(threads)
+    With gloo, ``threads`` (default: an equal share of the cores) is set for moe_cpu and
+    torch: the CPU backend's OpenMP threads and torch's (another OpenMP runtime) wait for
+    each other when the processes together run more threads than there are cores.
+    """
+    if backend == "gloo":
+        import moe_cpu
+
+        threads = threads or max(1, (os.cpu_count() or 1) // ranks)
+        moe_cpu.set_num_threads(threads)
+        torch.set_num_threads(threads)
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=ranks,
-        timeout=datetime.timedelta(seconds=300),
+        timeout=datetime.timedelta(seconds=timeout),
     )
+
+
+def _worker(rank, ranks, port, options, results):
+    join_local_group(rank, ranks, port)
     try:
         split = run_bench(**options)
         if rank == 0:
