@@ -51,6 +51,18 @@ _STATUS = 4  # per rank: first bad slot, its id, first repeated slot, its id
 def local_experts(num_experts: int, group=None) -> range:
     """The global ids of the experts this rank owns: ``[p * E / P, (p + 1) * E / P)``.
 
+    Parameters
+    ----------
+    num_experts : int
+        E, a multiple of the group's size P.
+    group : torch.distributed.ProcessGroup, optional
+        The ranks that share the experts (default: the world).
+
+    Returns
+    -------
+    range
+        This rank's expert ids.
+
     Raises
     ------
     ValueError
@@ -374,7 +386,24 @@ def single_process_moe(
 ) -> torch.Tensor:
     """The same layer in one process, every expert local: permute -> ``expert_fn`` ->
     unpermute, with the routing rules of :func:`expert_parallel_moe` (the reference its
-    results are compared with; ``expert_fn`` gets all ``num_experts`` experts)."""
+    results are compared with).
+
+    Parameters
+    ----------
+    x, routemap, probs : torch.Tensor
+        The whole batch, as for :func:`expert_parallel_moe`.
+    expert_fn : callable
+        As for :func:`expert_parallel_moe`, for all ``num_experts`` experts.
+    num_experts : int
+        E.
+    padding_alignment, using_weighted_combine, validate
+        As for :func:`expert_parallel_moe`.
+
+    Returns
+    -------
+    torch.Tensor of shape (T, H_out)
+        The combined rows.
+    """
     check_bool("using_weighted_combine", using_weighted_combine)
     check_bool("validate", validate)
     alignment = check_int("padding_alignment", padding_alignment, 1)
