@@ -33,6 +33,7 @@ class Case:
     malformed: bool = False  # repeated experts and out-of-range ids (validate=False rules)
     seed: int = 0
     bad_rank: int | None = None  # this rank's routing map gets an id outside [-1, E)
+    probs_in_experts: bool = True  # the expert function uses the probabilities
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -63,14 +64,15 @@ def global_batch(case):
     return x, torch.from_numpy(routemap), probs, dy, weights
 
 
-def elementwise_experts(weights, first, alignment, seen):
+def elementwise_experts(weights, first, case, seen):
     """An expert function that treats each row on its own: ``row * w_e + p * row**2``
-    (the probability enters, so its gradient flows through the experts too); it records
-    the counts it was called with in ``seen``."""
+    (the probability enters, so its gradient flows through the experts too), or ``row * w_e``
+    for a case whose experts ignore the probabilities; it records the counts it was called
+    with in ``seen``."""
 
     def expert_fn(rows, tokens_per_expert, probs):
         seen.append(list(tokens_per_expert))
-        assert all(n % alignment == 0 for n in tokens_per_expert), tokens_per_expert
+        assert all(n % case.alignment == 0 for n in tokens_per_expert), tokens_per_expert
         assert sum(tokens_per_expert) == rows.shape[0]
         # each row's weight, from views only (no host-device traffic inside the layer)
         w = torch.cat(
@@ -78,6 +80,8 @@ def elementwise_experts(weights, first, alignment, seen):
             + [weights[:0]]
         )
         w = w.to(rows.dtype).unsqueeze(1)
+        if not case.probs_in_experts:
+            return rows * w
         return rows * w + probs.to(rows.dtype).unsqueeze(1) * rows * rows
 
     return expert_fn
@@ -102,7 +106,7 @@ def one_process(case, x, routemap, probs, dy, weights, flags):
     from moe_numba.torch.distributed import single_process_moe
 
     leaves = _leaves(case, x, probs, weights)
-    experts = elementwise_experts(leaves[2], 0, case.alignment, [])
+    experts = elementwise_experts(leaves[2], 0, case, [])
     y = single_process_moe(leaves[0], routemap, leaves[1], experts, case.num_experts, **flags)
     y.backward(dy)
     return y, leaves
@@ -129,7 +133,7 @@ def run_case(case, rank, group=None):
             bad[mine][0, 0] = case.num_experts  # one id past the last expert
         try:
             experts = elementwise_experts(
-                weights, local_experts(case.num_experts, group).start, case.alignment, []
+                weights, local_experts(case.num_experts, group).start, case, []
             )
             expert_parallel_moe(
                 x[mine], bad[mine], probs[mine], experts, case.num_experts, group=group, **flags
@@ -150,7 +154,7 @@ def run_case(case, rank, group=None):
             lx,
             routemap[mine],
             lp,
-            elementwise_experts(lw, experts.start, case.alignment, seen),
+            elementwise_experts(lw, experts.start, case, seen),
             case.num_experts,
             group=group,
             **flags,
@@ -225,7 +229,7 @@ def nccl_worker(rank, ranks, port, queue):
         original = _status.StatusWords.read
         _status.StatusWords.read = lambda self: reads.append(1) or original(self)
         lx, lp, lw = _leaves(case, x[mine], probs[mine], weights)
-        experts = elementwise_experts(lw, local_experts(case.num_experts).start, 2, [])
+        experts = elementwise_experts(lw, local_experts(case.num_experts).start, case, [])
         y = expert_parallel_moe(lx, routemap[mine], lp, experts, case.num_experts, **flags)
         torch.cuda.synchronize()
         syncs = {}
@@ -236,7 +240,9 @@ def nccl_worker(rank, ranks, port, queue):
                 torch.cuda.set_sync_debug_mode("warn")
                 if phase == "forward":
                     lx2, lp2, lw2 = _leaves(case, x[mine], probs[mine], weights)
-                    experts = elementwise_experts(lw2, local_experts(case.num_experts).start, 2, [])
+                    experts = elementwise_experts(
+                        lw2, local_experts(case.num_experts).start, case, []
+                    )
                     y2 = expert_parallel_moe(
                         lx2, routemap[mine], lp2, experts, case.num_experts, **flags
                     )

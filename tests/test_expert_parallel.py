@@ -37,6 +37,7 @@ CASES = {
         Case("a rank with no tokens", (0, 6), 4, 2, alignment=2, seed=2),
         Case("an expert with no tokens", (4, 5), 6, 2, unused_experts=(1, 4), seed=3),
         Case("no tokens anywhere", (0, 0), 2, 1, seed=4),
+        Case("experts ignore the probabilities", (4, 6), 4, 2, probs_in_experts=False, seed=9),
         Case("bad id on rank 1 raises on every rank", (3, 3), 4, 2, bad_rank=1, seed=5),
     ],
     4: [
