@@ -40,16 +40,11 @@ def skip_reason():
 
 
 def run(bench=False):
-    # [start]
+    """This rank of the example: join the group, run the layer and the check."""
     import torch
     import torch.distributed as dist
 
     import moe_cpu
-    from moe_numba.torch.distributed import (
-        expert_parallel_moe,
-        local_experts,
-        single_process_moe,
-    )
 
     ranks = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
@@ -64,6 +59,23 @@ def run(bench=False):
         moe_cpu.set_num_threads(threads)
         torch.set_num_threads(threads)
     dist.init_process_group("nccl" if on_gpu else "gloo")
+    try:
+        compare(rank, ranks, device, on_gpu, bench)
+        dist.barrier()
+    finally:  # (a gloo process that exits without this aborts, hiding the traceback)
+        dist.destroy_process_group()
+
+
+def compare(rank, ranks, device, on_gpu, bench):
+    """The layer on this rank's tokens against one process on all of them."""
+    import torch
+    import torch.distributed as dist
+
+    from moe_numba.torch.distributed import (
+        expert_parallel_moe,
+        local_experts,
+        single_process_moe,
+    )
 
     # The global batch, the same on every rank (a seed); each rank takes its own tokens.
     num_experts, topk, hidden = 4 * ranks, 2, 64
@@ -104,7 +116,6 @@ def run(bench=False):
         x_ref, routemap_all, probs_ref, grouped_gemm(weights_ref), num_experts
     )
     y_ref.backward(dy_all)
-    # [end]
 
     checks = {
         "output": (y, y_ref[mine]),
@@ -154,8 +165,6 @@ def run(bench=False):
         )
         if rank == 0:
             print(format_split(split, "time per stage (slowest rank, mean of 5 steps):"))
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def main():
