@@ -177,23 +177,11 @@ def moe_permute(
            [-1,  2, -1],
            [ 1,  3, -1]], dtype=int32)
     """
-    arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
-    if _has_torch_tensor(arrays):  # differentiable torch custom ops, which call _moe_permute
-        from .torch import _calls
-
-        return _calls.moe_permute(
-            *arrays,
-            num_experts,
-            tokens_per_expert,
-            padding_alignment,
-            do_gather,
-            using_ue8m0_scale,
-            return_expert_indices,
-            override_buffer_size,
-            validate=validate,
-        )
     return _moe_permute(
-        *arrays,
+        hidden_states,
+        scale,
+        expert_routemap_topk,
+        expert_prob_topk,
         num_experts,
         tokens_per_expert,
         padding_alignment,
@@ -202,6 +190,7 @@ def moe_permute(
         return_expert_indices,
         override_buffer_size,
         validate=validate,
+        torch_ops=True,
     )
 
 
@@ -220,24 +209,26 @@ def _moe_permute(
     *,
     validate=True,
     empty=None,
+    torch_ops=False,
 ):
-    """:func:`moe_permute` on NumPy or CUDA arrays; ``empty(shape, dtype)``, if given,
-    allocates the CPU backend's outputs."""
+    """:func:`moe_permute`; ``empty(shape, dtype)``, if given, allocates the CPU backend's
+    outputs; ``torch_ops`` sends calls with torch tensors to the torch custom ops (whose
+    implementations call this function without it)."""
     arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
-    backend, plan = _prepare(
-        _permute_calls,
-        arrays,
-        (
-            num_experts,
-            padding_alignment,
-            do_gather,
-            using_ue8m0_scale,
-            return_expert_indices,
-            override_buffer_size,
-            validate,
-        ),
-        check_permute_metadata,
+    scalars = (
+        num_experts,
+        padding_alignment,
+        do_gather,
+        using_ue8m0_scale,
+        return_expert_indices,
+        override_buffer_size,
+        validate,
     )
+    if torch_ops and _has_torch_tensor(arrays):
+        from .torch import _calls
+
+        return _calls.moe_permute(arrays, scalars, tokens_per_expert)
+    backend, plan = _prepare(_permute_calls, arrays, scalars, check_permute_metadata)
     plan = with_capacities(plan, tokens_per_expert)
     outputs, status = backend.permute(plan, arrays, validate, **_allocator(empty))
     if validate:
@@ -320,27 +311,17 @@ def moe_unpermute(
     >>> slot_probs
     array([[0.75, 0.25]], dtype=float32)
     """
-    arrays = UnpermuteArrays(
-        hidden_states_unzipped, zipped_expertwise_rowmap, expert_routemap_topk, token_prob_unzipped
-    )
-    if _has_torch_tensor(arrays):  # differentiable torch custom ops, which call _moe_unpermute
-        from .torch import _calls
-
-        return _calls.moe_unpermute(
-            *arrays,
-            total_zipped_tokens,
-            num_experts,
-            using_mix_precision,
-            using_weighted_combine,
-            validate=validate,
-        )
     return _moe_unpermute(
-        *arrays,
+        hidden_states_unzipped,
+        zipped_expertwise_rowmap,
+        expert_routemap_topk,
+        token_prob_unzipped,
         total_zipped_tokens,
         num_experts,
         using_mix_precision,
         using_weighted_combine,
         validate=validate,
+        torch_ops=True,
     )
 
 
@@ -356,17 +337,24 @@ def _moe_unpermute(
     *,
     validate=True,
     empty=None,
+    torch_ops=False,
 ):
-    """:func:`moe_unpermute` on NumPy or CUDA arrays (``empty`` as in :func:`_moe_permute`)."""
+    """:func:`moe_unpermute` (``empty`` and ``torch_ops`` as in :func:`_moe_permute`)."""
     arrays = UnpermuteArrays(
         hidden_states_unzipped, zipped_expertwise_rowmap, expert_routemap_topk, token_prob_unzipped
     )
-    backend, plan = _prepare(
-        _unpermute_calls,
-        arrays,
-        (total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate),
-        check_unpermute_metadata,
+    scalars = (
+        total_zipped_tokens,
+        num_experts,
+        using_mix_precision,
+        using_weighted_combine,
+        validate,
     )
+    if torch_ops and _has_torch_tensor(arrays):
+        from .torch import _calls
+
+        return _calls.moe_unpermute(arrays, scalars)
+    backend, plan = _prepare(_unpermute_calls, arrays, scalars, check_unpermute_metadata)
     outputs, status = backend.unpermute(plan, arrays, validate, **_allocator(empty))
     if validate:
         raise_for_unpermute_status(status, plan)

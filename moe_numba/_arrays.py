@@ -95,8 +95,9 @@ def locate(arrays):
             first_cuda = first_cuda or name
         else:
             raise TypeError(
-                f"{name} must be a NumPy array, a torch tensor or a CUDA array (numba device "
-                f"array, CuPy array); got {type(x).__module__}.{type(x).__name__}"
+                f"{name} must be a NumPy array or a CUDA array (numba device array, CuPy "
+                "array, torch CUDA tensor), or a torch CPU tensor; got "
+                f"{type(x).__module__}.{type(x).__name__}"
             )
         if first_cpu and first_cuda:
             raise TypeError(
@@ -271,7 +272,7 @@ class TorchLibrary:
 
     @staticmethod
     def device(x):
-        return (x.device.type, x.device.index)
+        return "cpu" if x.device.type == "cpu" else ("cuda", x.device.index)
 
 
 class CupyLibrary(NumpyLibrary):

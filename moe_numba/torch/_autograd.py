@@ -32,9 +32,9 @@ def _permute_setup_context(ctx, inputs, output):
     hidden_unzipped, rowmap, _, scale_unzipped, expert_indices = output
     rows_have_gradient = hidden_states.dtype not in FLOAT8  # SPEC 5: float8 rows have none
     ctx.set_materialize_grads(False)
-    ctx.mark_non_differentiable(rowmap, scale_unzipped, expert_indices)
-    if not rows_have_gradient:
-        ctx.mark_non_differentiable(hidden_unzipped)
+    no_gradient = (rowmap, scale_unzipped, expert_indices)
+    # (one call: each call replaces the set of the previous one)
+    ctx.mark_non_differentiable(*no_gradient, *(() if rows_have_gradient else (hidden_unzipped,)))
     ctx.rows_grad = ctx.needs_input_grad[0] and do_gather and rows_have_gradient
     ctx.probs_grad = ctx.needs_input_grad[3]
     ctx.validate = validate

@@ -11,13 +11,7 @@ here is only the op call.
 import torch
 
 from .. import _api
-from .._contract import (
-    PermuteArrays,
-    UnpermuteArrays,
-    check_permute_metadata,
-    check_unpermute_metadata,
-    with_capacities,
-)
+from .._contract import check_permute_metadata, check_unpermute_metadata, with_capacities
 from . import _autograd, _ops  # noqa: F401  (_autograd registers the gradients)
 
 
@@ -42,33 +36,15 @@ def _checked(calls, arrays, scalars, check_metadata):
     return plan
 
 
-def moe_permute(
-    hidden_states,
-    scale,
-    expert_routemap_topk,
-    expert_prob_topk,
-    num_experts,
-    tokens_per_expert,
-    padding_alignment,
-    do_gather,
-    using_ue8m0_scale,
-    return_expert_indices,
-    override_buffer_size,
-    *,
-    validate,
-):
-    """:func:`moe_numba.moe_permute` on torch tensors, through ``moe_numba::permute``."""
+def moe_permute(arrays, scalars, tokens_per_expert):
+    """:func:`moe_numba.moe_permute` on torch tensors, through ``moe_numba::permute``.
+
+    ``arrays`` and ``scalars`` are what the CPU and GPU paths check (``PermuteArrays`` and
+    ``(num_experts, padding_alignment, do_gather, using_ue8m0_scale, return_expert_indices,
+    override_buffer_size, validate)``).
+    """
+    num_experts, padding_alignment, *flags, override_buffer_size, validate = scalars
     if not torch.compiler.is_compiling():
-        arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
-        scalars = (
-            num_experts,
-            padding_alignment,
-            do_gather,
-            using_ue8m0_scale,
-            return_expert_indices,
-            override_buffer_size,
-            validate,
-        )
         plan = _checked(_api._permute_calls, arrays, scalars, check_permute_metadata)
         plan = with_capacities(plan, tokens_per_expert)
         if plan.capacities is not None:  # the checked counts, as the ints the schema takes
@@ -76,58 +52,21 @@ def moe_permute(
     if override_buffer_size >= 0:  # ignored by the contract, so kept out of the schema
         tokens_per_expert = None
     outputs = _ops.permute(
-        hidden_states,
-        scale,
-        expert_routemap_topk,
-        expert_prob_topk,
+        *arrays,
         num_experts,
         tokens_per_expert,
         padding_alignment,
-        do_gather,
-        using_ue8m0_scale,
-        return_expert_indices,
+        *flags,
         override_buffer_size,
         validate,
     )
+    return_expert_indices = flags[2]
     return outputs if return_expert_indices else outputs[:4]
 
 
-def moe_unpermute(
-    hidden_states_unzipped,
-    zipped_expertwise_rowmap,
-    expert_routemap_topk,
-    token_prob_unzipped,
-    total_zipped_tokens,
-    num_experts,
-    using_mix_precision,
-    using_weighted_combine,
-    *,
-    validate,
-):
-    """:func:`moe_numba.moe_unpermute` on torch tensors, through ``moe_numba::unpermute``."""
+def moe_unpermute(arrays, scalars):
+    """:func:`moe_numba.moe_unpermute` on torch tensors, through ``moe_numba::unpermute``
+    (``arrays`` and ``scalars`` as the CPU and GPU paths check them)."""
     if not torch.compiler.is_compiling():
-        arrays = UnpermuteArrays(
-            hidden_states_unzipped,
-            zipped_expertwise_rowmap,
-            expert_routemap_topk,
-            token_prob_unzipped,
-        )
-        scalars = (
-            total_zipped_tokens,
-            num_experts,
-            using_mix_precision,
-            using_weighted_combine,
-            validate,
-        )
         _checked(_api._unpermute_calls, arrays, scalars, check_unpermute_metadata)
-    return _ops.unpermute(
-        hidden_states_unzipped,
-        zipped_expertwise_rowmap,
-        expert_routemap_topk,
-        token_prob_unzipped,
-        total_zipped_tokens,
-        num_experts,
-        using_mix_precision,
-        using_weighted_combine,
-        validate,
-    )
+    return _ops.unpermute(*arrays, *scalars)
