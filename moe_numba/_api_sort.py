@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._api import Array, _prepare
+from ._api import Array, _has_torch_tensor, _prepare
 from ._arrays import is_cuda_array
 from ._cache import BoundedCache
 from ._contract_sort import (
@@ -15,10 +15,6 @@ from ._contract_sort import (
 )
 
 _sort_calls = BoundedCache(256)  # call key -> (backend, plan)
-
-
-def _is_torch_tensor(x):
-    return type(x).__module__.partition(".")[0] == "torch"
 
 
 def moe_sort_chunks(
@@ -87,7 +83,7 @@ def moe_sort_chunks(
     >>> y.ravel()
     array([3., 4., 0., 1., 2., 5.], dtype=float32)
     """
-    if _is_torch_tensor(x):
+    if _has_torch_tensor((x, probs)):  # the differentiable torch custom ops (host sizes: any)
         from .torch._sort_chunks import sort_chunks
 
         return sort_chunks(x, split_sizes, order, probs, validate=validate)

@@ -139,5 +139,10 @@ def test_torch_errors_as_for_numpy():
         moe_sort_chunks(x, [2, 1, 3], [2, 0, 0])
     with pytest.raises(ValueError, match=r"split_sizes must be >= 0; got split_sizes\[0\] = -2"):
         moe_sort_chunks(x, torch.tensor([-2, 1, 3]), [2, 0, 1])
-    with pytest.raises(TypeError, match=r"x is .* but probs is .*cpu"):
+    with pytest.raises(TypeError, match=r"x is a torch.Tensor but probs is a numpy.ndarray"):
         moe_sort_chunks(x, [2, 1, 3], [2, 0, 1], np.zeros(6, np.float32))
+    with pytest.raises(TypeError, match=r"probs is a torch.Tensor but x is a numpy.ndarray"):
+        moe_sort_chunks(np.zeros((6, 2), np.float32), [2, 1, 3], [2, 0, 1], torch.zeros(6))
+    # sizes are host values whatever holds them: a CPU tensor with NumPy rows is fine
+    y, _ = moe_sort_chunks(np.arange(6.0).reshape(6, 1), torch.tensor([2, 1, 3]), [2, 0, 1])
+    assert y.ravel().tolist() == [3.0, 4.0, 5.0, 0.0, 1.0, 2.0]
