@@ -177,9 +177,15 @@ def _counts_and_status(routemap, num_experts, validate):
     ids = routemap.long()
     num_tokens, topk = ids.shape
     valid = (ids >= 0) & (ids < num_experts)
-    hit = torch.zeros((num_tokens, num_experts + 1), dtype=torch.int64, device=ids.device)
-    hit.scatter_(1, torch.where(valid, ids, num_experts), 1)
-    counts = hit[:, :num_experts].sum(0)
+    # each token's ids sorted: an id counts where it differs from its left neighbour; the
+    # others go to a spare bin E (integer adds: the same counts whatever their order)
+    ordered = ids.sort(1).values
+    first = torch.ones_like(valid)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    counted = first & (ordered >= 0) & (ordered < num_experts)
+    bins = torch.where(counted, ordered, num_experts).flatten()
+    counts = ids.new_zeros(num_experts + 1).scatter_add_(0, bins, torch.ones_like(bins))
+    counts = counts[:num_experts]
     if not validate:
         return counts, None
     flat = torch.arange(num_tokens * topk, device=ids.device).view(num_tokens, topk)
