@@ -149,17 +149,20 @@ def test_every_process_ends_by_itself(ranks):
 
 
 @pytest.mark.gpu
-def test_nccl_on_gpus_one_host_read_per_forward():
-    """One GPU per process over NCCL (runs where two GPUs are present): the same bits as one
-    process on the GPU, one host synchronisation per forward (the split sizes), none in the
-    backward, no status words read."""
-    if torch.cuda.device_count() < 2 or not dist.is_nccl_available():
-        pytest.skip("needs 2 CUDA GPUs and NCCL")
-    verdicts, exitcodes = _run_group(2, cases=[Case("nccl", (5, 8), 8, 3)], target=nccl_worker)
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_nccl_on_gpus_one_host_read_per_forward(ranks):
+    """One GPU per process over NCCL (runs where that many GPUs are present; one GPU checks
+    every kernel of the layer, two the exchange too): the same bits as one process on the
+    GPU, one host synchronisation per forward (the split sizes), none in the backward, no
+    status words read."""
+    if torch.cuda.device_count() < ranks or not dist.is_nccl_available():
+        pytest.skip(f"needs {ranks} CUDA GPU(s) and NCCL")
+    cases = [Case("nccl", (5,) * ranks, 4 * ranks, 3)]
+    verdicts, exitcodes = _run_group(ranks, cases=cases, target=nccl_worker)
     per_rank = verdicts["nccl"]
-    assert sorted(per_rank) == [0, 1], f"exit codes {exitcodes}: {per_rank}"
+    assert sorted(per_rank) == list(range(ranks)), f"exit codes {exitcodes}: {per_rank}"
     for rank, result in per_rank.items():
         assert "error" not in result, f"rank {rank}:\n{result['error']}"
         failed = [check for check, ok in result.items() if not ok]
         assert not failed, f"rank {rank}: {failed}"
-    assert exitcodes == [0, 0]
+    assert exitcodes == [0] * ranks
