@@ -97,6 +97,7 @@ extensions = [
         ("_memory", []),
         ("_permute", ["_common.pxd", "_parallel.pxd"]),
         ("_unpermute", ["_common.pxd", "_parallel.pxd", "_combine.h"]),
+        ("_sort_chunks", ["_common.pxd", "_parallel.pxd"]),
     ]
 ]
 

@@ -10,7 +10,8 @@ Importing this package does not import numba, torch or CuPy.
 """
 
 from ._api import moe_permute, moe_unpermute
+from ._api_sort import moe_sort_chunks
 from ._errors import GPUUnavailableError
 
-__all__ = ["GPUUnavailableError", "moe_permute", "moe_unpermute", "__version__"]
+__all__ = ["GPUUnavailableError", "moe_permute", "moe_sort_chunks", "moe_unpermute", "__version__"]
 __version__ = "0.1.0"

@@ -30,6 +30,15 @@ UNPERMUTE_BAD_ROW = 2  # smallest flat rowmap entry outside [-1, R)
 UNPERMUTE_BAD_ROW_VALUE = 3
 UNPERMUTE_STATUS_LEN = 4
 
+# moe_sort_chunks (split sizes read on the device; chunk indices are positions in
+# split_sizes; a negative size counts as 0 for the starts of the chunks after it)
+SORT_BAD_SIZE = 0  # smallest chunk c with split_sizes[c] < 0
+SORT_BAD_SIZE_VALUE = 1  # that size
+SORT_PAST_END = 2  # smallest chunk c that ends past the last row of x
+SORT_PAST_END_SIZE = 3  # its size
+SORT_PAST_END_START = 4  # the row it starts at (<= the rows of x)
+SORT_STATUS_LEN = 5
+
 # element type of the rows that moe_unpermute combines (the rows travel as float32 or as the
 # uint16 bit patterns of a 16-bit float)
 DATA_FLOAT32 = 0
@@ -44,7 +53,7 @@ CANONICAL_NAN_FLOAT16 = 0x7E00
 
 # The tables a backend built apart from this module (moe_cpu) publishes too; each op's status
 # slots are named after the op (a new op adds its prefix here).
-_OPS = ("PERMUTE_", "UNPERMUTE_")
+_OPS = ("PERMUTE_", "UNPERMUTE_", "SORT_")
 STATUS_SLOTS = {name: value for name, value in list(globals().items()) if name.startswith(_OPS)}
 DATA_TYPES = {name: value for name, value in list(globals().items()) if name.startswith("DATA_")}
 

@@ -14,6 +14,7 @@ import moe_cpu
 
 from . import _abi
 from ._contract import permute_outputs, unpermute_outputs
+from ._contract_sort import sort_outputs
 
 # moe_cpu is compiled apart from this package: it must agree on the numbers they exchange
 _abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, moe_cpu.DATA_TYPES)
@@ -87,3 +88,24 @@ def unpermute(plan, arrays, validate, *, empty=moe_cpu.empty):
         mix_precision=plan.mix_precision,
     )
     return (hidden, slot_probs), (status if validate else None)
+
+
+def sort_chunks(plan, arrays, validate, *, empty=moe_cpu.empty):
+    """Run ``moe_sort_chunks`` on NumPy arrays (host sizes only: the plan holds them).
+
+    Parameters and results as for :func:`permute`; the status words are those of the
+    sizes, which :func:`~._contract_sort.check_sort_metadata` has already checked.
+    """
+    out = sort_outputs(plan, empty)
+    status = empty((_abi.SORT_STATUS_LEN,), np.int64)
+    moe_cpu.sort_chunks(
+        _as_bytes(arrays.x),
+        plan.sizes,
+        plan.order,
+        arrays.probs,
+        _as_bytes(out.y),
+        out.probs,
+        out.lengths,
+        status,
+    )
+    return out, (status if validate else None)
