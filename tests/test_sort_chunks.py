@@ -191,6 +191,33 @@ def test_bad_device_sizes_follow_the_rule_without_validate(backend, sizes, order
     assert backend.to_host(out.lengths).tolist() == effective_lengths(sizes, order, 11)
 
 
+@pytest.mark.parametrize("bad", [False, True])
+def test_chunks_beyond_one_block_of_the_plan(backend, monkeypatch, bad):
+    """More chunks than the plan block has threads: the tiles carry their row counts (and
+    the first bad size of a later tile is still the smallest), with host and device sizes."""
+    _needs_device(backend)
+    from moe_numba.kernels import sort_chunks
+
+    monkeypatch.setattr(sort_chunks, "PLAN_BD", 32)  # (the simulator's blocks stay small)
+    rng = np.random.default_rng(6)
+    sizes = rng.integers(0, 3, 70).tolist()
+    order = rng.permutation(70).tolist()
+    x = random_bits(rng, (sum(sizes) + 3, 2), np.float32)
+    if bad:
+        sizes[40], sizes[65] = -2, 10**6  # both in the second tile and later
+    (expected, _), status = _oracle.sort_chunks(x, sizes, order)
+    dev = backend.to_device
+    if not bad:
+        assert_same_bits(sort_on(backend, x, sizes, order)[0], expected, "y (host sizes)")
+    out = sort_chunks_arrays(dev(x), dev(np.array(sizes, np.int64)), order, validate=False)
+    assert_same_bits(backend.to_host(out.y), expected, "y (device sizes)")
+    assert backend.to_host(out.lengths).tolist() == effective_lengths(sizes, order, x.shape[0])
+    if bad:
+        with pytest.raises(ValueError, match=r"split_sizes\[40\] = -2"):
+            sort_on(backend, x, sizes, order, device_sizes=True)
+        assert status[_abi.SORT_PAST_END] == 65
+
+
 def test_status_is_read_only_for_device_sizes_with_validate(backend, monkeypatch):
     """One status read for sizes on the device with validate=True (the call's only sync);
     none with validate=False, and none for host sizes (checked before the launch)."""
