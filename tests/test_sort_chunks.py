@@ -286,6 +286,38 @@ def test_cpu_kernel_follows_the_rule(sizes, order):
     assert lengths.tolist() == effective_lengths(sizes, order, x.shape[0])
 
 
+def _kernel_arguments():
+    return dict(
+        x=np.zeros((6, 3), np.uint8),
+        sizes=np.array([2, 1, 3], np.int64),
+        order=np.array([2, 0, 1], np.int64),
+        probs=np.zeros(6, np.float32),
+        y=np.zeros((6, 3), np.uint8),
+        probs_y=np.zeros(6, np.float32),
+        lengths=np.zeros(3, np.int64),
+        status=np.zeros(_abi.SORT_STATUS_LEN, np.int64),
+    )
+
+
+@pytest.mark.parametrize(
+    "name,value,message",
+    [
+        ("y", np.zeros((6, 4), np.uint8), r"y must have shape \[N, row_bytes\] = \(6, 3\); got"),
+        ("order", np.zeros(2, np.int64), r"order must have shape \[C\] = \(3,\); got \(2,\)"),
+        ("lengths", np.zeros(4, np.int64), r"lengths must have shape \[C\] = \(3,\)"),
+        ("probs", np.zeros(5, np.float32), r"probs must have shape \[N\] = \(6,\); got"),
+        ("probs_y", np.zeros(7, np.float32), r"probs_y must have shape \[N\] = \(6,\)"),
+        ("status", np.zeros(4, np.int64), r"status must have shape \[SORT_STATUS_LEN\] = \(5,\)"),
+        ("probs_y", None, r"probs and probs_y must both be given or both be None; got probs "),
+    ],
+)
+def test_cpu_kernel_shape_errors(name, value, message):
+    arguments = _kernel_arguments()
+    arguments[name] = value
+    with pytest.raises(ValueError, match=message):
+        moe_cpu.sort_chunks(*arguments.values())
+
+
 # ---------------------------------------------------------------------------------------------
 # errors
 
