@@ -4,8 +4,9 @@ Both backends (``moe_cpu`` and ``moe_numba.kernels``) report the value errors of
 (docs/contract.rst, "Validation and malformed input") in a small int64 array instead of
 raising themselves, so that the GPU needs a single read-back and both backends share one set
 of messages (``raise_for_permute_status`` and ``raise_for_unpermute_status`` in
-``moe_numba._contract``). Every slot holds -1 when there is nothing to report; a backend asked
-for the words writes every slot. ``moe_cpu``, built apart, publishes the same numbers and
+``moe_numba._contract``, ``raise_for_sort_status`` in ``moe_numba._contract_sort``). Every
+slot holds -1 when there is nothing to report; a backend asked for the words writes every
+slot. ``moe_cpu``, built apart, publishes the same numbers and
 :func:`check_tables` compares them when the CPU backend loads.
 
 Indices are flat: a slot of ``expert_routemap_topk`` is ``t * K + k``, an entry of
