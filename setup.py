@@ -98,6 +98,7 @@ extensions = [
         ("_permute", ["_common.pxd", "_parallel.pxd"]),
         ("_unpermute", ["_common.pxd", "_parallel.pxd", "_combine.h"]),
         ("_backward", ["_common.pxd", "_parallel.pxd", "_combine.h", "_backward.h"]),
+        ("_sort_chunks", ["_common.pxd", "_parallel.pxd"]),
     ]
 ]
 

@@ -10,14 +10,20 @@ This package imports nothing of ``moe_numba``. What the two exchange besides arr
 they equal its own table.
 """
 
-from moe_cpu import _backward, _permute, _unpermute
+from moe_cpu import _backward, _permute, _sort_chunks, _unpermute
 from moe_cpu._backward import permute_backward_probs, unpermute_backward
 from moe_cpu._memory import cache_info, empty, empty_cache
 from moe_cpu._parallel import get_num_threads, openmp_enabled, set_num_threads
 from moe_cpu._permute import permute
+from moe_cpu._sort_chunks import sort_chunks
 from moe_cpu._unpermute import unpermute
 
-STATUS_SLOTS = {**_permute.STATUS_SLOTS, **_unpermute.STATUS_SLOTS, **_backward.STATUS_SLOTS}
+STATUS_SLOTS = {
+    **_permute.STATUS_SLOTS,
+    **_unpermute.STATUS_SLOTS,
+    **_backward.STATUS_SLOTS,
+    **_sort_chunks.STATUS_SLOTS,
+}
 DATA_TYPES = dict(_unpermute.DATA_TYPES)
 
 __all__ = [
@@ -31,6 +37,7 @@ __all__ = [
     "permute",
     "permute_backward_probs",
     "set_num_threads",
+    "sort_chunks",
     "unpermute",
     "unpermute_backward",
 ]

@@ -31,6 +31,15 @@ cdef enum:
     UNPERMUTE_BAD_ROW_VALUE = 3
     UNPERMUTE_STATUS_LEN = 4
 
+# moe_sort_chunks's status words
+cdef enum:
+    SORT_BAD_SIZE = 0
+    SORT_BAD_SIZE_VALUE = 1
+    SORT_PAST_END = 2
+    SORT_PAST_END_SIZE = 3
+    SORT_PAST_END_START = 4
+    SORT_STATUS_LEN = 5
+
 # element type of the rows that the combine reads (_combine.h switches on the same values as
 # MOE_DATA_*, which _unpermute checks at import)
 cdef enum:

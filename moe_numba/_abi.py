@@ -4,8 +4,9 @@ Both backends (``moe_cpu`` and ``moe_numba.kernels``) report the value errors of
 (docs/contract.rst, "Validation and malformed input") in a small int64 array instead of
 raising themselves, so that the GPU needs a single read-back and both backends share one set
 of messages (``raise_for_permute_status`` and ``raise_for_unpermute_status`` in
-``moe_numba._contract``). Every slot holds -1 when there is nothing to report; a backend asked
-for the words writes every slot. ``moe_cpu``, built apart, publishes the same numbers and
+``moe_numba._contract``, ``raise_for_sort_status`` in ``moe_numba._contract_sort``). Every
+slot holds -1 when there is nothing to report; a backend asked for the words writes every
+slot. ``moe_cpu``, built apart, publishes the same numbers and
 :func:`check_tables` compares them when the CPU backend loads.
 
 Indices are flat: a slot of ``expert_routemap_topk`` is ``t * K + k``, an entry of
@@ -39,6 +40,16 @@ UNPERMUTE_BACKWARD_DUPLICATE_FIRST = 5  # smallest flat rowmap entry naming it
 UNPERMUTE_BACKWARD_DUPLICATE_SECOND = 6  # the next flat entry naming it
 UNPERMUTE_BACKWARD_STATUS_LEN = 7
 
+
+# moe_sort_chunks (split sizes read on the device; chunk indices are positions in
+# split_sizes; a negative size counts as 0 for the starts of the chunks after it)
+SORT_BAD_SIZE = 0  # smallest chunk c with split_sizes[c] < 0
+SORT_BAD_SIZE_VALUE = 1  # that size
+SORT_PAST_END = 2  # smallest chunk c that ends past the last row of x
+SORT_PAST_END_SIZE = 3  # its size
+SORT_PAST_END_START = 4  # the row it starts at (<= the rows of x)
+SORT_STATUS_LEN = 5
+
 # element type of the rows that moe_unpermute combines (the rows travel as float32 or as the
 # uint16 bit patterns of a 16-bit float)
 DATA_FLOAT32 = 0
@@ -53,7 +64,7 @@ CANONICAL_NAN_FLOAT16 = 0x7E00
 
 # The tables a backend built apart from this module (moe_cpu) publishes too; each op's status
 # slots are named after the op (a new op adds its prefix here).
-_OPS = ("PERMUTE_", "UNPERMUTE_")
+_OPS = ("PERMUTE_", "UNPERMUTE_", "SORT_")
 STATUS_SLOTS = {name: value for name, value in list(globals().items()) if name.startswith(_OPS)}
 DATA_TYPES = {name: value for name, value in list(globals().items()) if name.startswith("DATA_")}
 

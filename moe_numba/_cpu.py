@@ -13,7 +13,9 @@ import numpy as np
 import moe_cpu
 
 from . import _abi
-from ._contract import permute_outputs, unpermute_outputs
+from ._contract import UnpermuteArrays, permute_outputs, unpermute_outputs
+from ._contract_backward import unpermute_backward_outputs
+from ._contract_sort import sort_outputs
 
 # moe_cpu is compiled apart from this package: it must agree on the numbers they exchange
 _abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, moe_cpu.DATA_TYPES)
@@ -89,11 +91,8 @@ def unpermute(plan, arrays, validate, *, empty=moe_cpu.empty):
     return (hidden, slot_probs), (status if validate else None)
 
 
-# The gradient ops (SPEC.md section 5), the same interface. Their status slots are in
+# The gradient ops (docs/gradients.rst), the same interface. Their status slots are in
 # moe_cpu.STATUS_SLOTS too, checked above.
-
-from ._contract import UnpermuteArrays  # noqa: E402
-from ._contract_backward import unpermute_backward_outputs  # noqa: E402
 
 
 def permute_backward(plan, arrays, validate, *, empty=moe_cpu.empty):
@@ -140,3 +139,24 @@ def unpermute_backward(plan, arrays, validate, *, empty=moe_cpu.empty):
         num_rows=plan.num_rows,
     )
     return (rows, probs), (status if validate else None)
+
+
+def sort_chunks(plan, arrays, validate, *, empty=moe_cpu.empty):
+    """Run ``moe_sort_chunks`` on NumPy arrays (host sizes only: the plan holds them).
+
+    Parameters and results as for :func:`permute`; the status words are those of the
+    sizes, which :func:`~._contract_sort.check_sort_metadata` has already checked.
+    """
+    out = sort_outputs(plan, empty)
+    status = empty((_abi.SORT_STATUS_LEN,), np.int64)
+    moe_cpu.sort_chunks(
+        _as_bytes(arrays.x),
+        plan.sizes,
+        plan.order,
+        arrays.probs,
+        _as_bytes(out.y),
+        out.probs,
+        out.lengths,
+        status,
+    )
+    return out, (status if validate else None)

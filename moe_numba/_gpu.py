@@ -9,6 +9,7 @@ import numpy as np
 
 from ._cache import BoundedCache
 from ._contract import permute_outputs, unpermute_outputs
+from ._contract_sort import sort_outputs
 from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError
 from ._libraries import array_library
 
@@ -67,14 +68,16 @@ class _Call:
 
 class _GPUBackend:
     def __init__(self):
-        from .kernels import permute, unpermute
+        from .kernels import permute, sort_chunks, unpermute
 
         self._permute = permute
         self._unpermute = unpermute
+        self._sort_chunks = sort_chunks
         self._capacities = BoundedCache(64)
 
     def _capacities_on_device(self, call, capacities):
-        """``tokens_per_expert`` on the arrays' device, uploaded once per distinct value.
+        """An int64 host array the kernels read (``tokens_per_expert``; moe_sort_chunks's
+        host sizes and order) on the arrays' device, uploaded once per distinct value.
 
         The kernels only read it, so a copy can serve every later call with the same values
         (fixed capacities are common in serving); a training step with new counts uploads.
@@ -133,3 +136,28 @@ class _GPUBackend:
         stream = call.library.stream(rows)
         status = self._unpermute.run(plan, buffers, validate, call.alloc, stream)
         return (hidden, slot_probs), (status.read() if validate else None)
+
+    def sort_chunks(self, plan, arrays, validate, empty=None):
+        """Run ``moe_sort_chunks`` on CUDA arrays: ``(outputs, status words or None)``.
+
+        Host sizes were checked before the call, so only sizes on the device are checked
+        here (and only they cost the status read). ``empty`` as for :meth:`permute`.
+        """
+        call = _Call(arrays.x, empty)
+        out = sort_outputs(plan, call.empty)
+        sizes = arrays.split_sizes
+        if sizes is None:
+            sizes = self._capacities_on_device(call, plan.sizes)
+        check = validate and arrays.split_sizes is not None
+        buffers = self._sort_chunks.SortBuffers(
+            x=call.buffer(arrays.x),
+            sizes=call.buffer(sizes),
+            order=call.buffer(self._capacities_on_device(call, plan.order)),
+            probs=call.buffer(arrays.probs),
+            out_y=call.buffer(out.y),
+            out_probs=call.buffer(out.probs),
+            out_lengths=call.buffer(out.lengths),
+        )
+        stream = call.library.stream(arrays.x)
+        status = self._sort_chunks.run(plan, buffers, check, call.alloc, stream)
+        return out, (status.read() if check else None)

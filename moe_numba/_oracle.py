@@ -376,3 +376,42 @@ def unpermute_backward(
                             d = d + np.float32(grad_expert_prob_topk[t, k])
             grad_prob[row] = round_to(np.float32, d)
     return (grad_rows, grad_prob), status
+
+
+def sort_chunks(x, split_sizes, order, probs=None):
+    """Reference ``moe_sort_chunks`` on NumPy arrays, bad sizes following the
+    ``validate=False`` rule (``_contract_sort.BAD_SIZES_RULE``).
+
+    Returns ``((y, probs_y), status)`` with the int64 status words ``_abi.SORT_*``;
+    ``probs_y`` is None when ``probs`` is.
+    """
+    x = np.asarray(x)
+    num_rows = x.shape[0]
+    sizes = [int(s) for s in split_sizes]
+    status = np.full(_abi.SORT_STATUS_LEN, -1, dtype=np.int64)
+
+    # chunk c covers rows [first[c], end[c]) of x
+    first, end = [], []
+    row = 0  # Python ints: no overflow
+    for c, size in enumerate(sizes):
+        if size < 0 and status[_abi.SORT_BAD_SIZE] == -1:
+            status[_abi.SORT_BAD_SIZE] = c
+            status[_abi.SORT_BAD_SIZE_VALUE] = size
+        size = max(size, 0)
+        if row + size > num_rows and status[_abi.SORT_PAST_END] == -1:
+            status[_abi.SORT_PAST_END] = c
+            status[_abi.SORT_PAST_END_SIZE] = sizes[c]
+            status[_abi.SORT_PAST_END_START] = row
+        first.append(min(row, num_rows))
+        end.append(min(row + size, num_rows))
+        row += size
+
+    source = list(range(num_rows))  # row of x that each row of y copies
+    at = 0
+    for c in order:
+        for r in range(first[c], end[c]):
+            source[at] = r
+            at += 1
+    y = x[source]
+    probs_y = None if probs is None else np.asarray(probs, dtype=np.float32)[source]
+    return (y, probs_y), status

@@ -11,6 +11,7 @@ from moe_numba.bench import _hold
 from moe_numba.kernels._family import KernelFamily, NoKey, RoutingKey, variant_name
 from moe_numba.kernels.combine import CombineKey
 from moe_numba.kernels.gather import GatherKey
+from moe_numba.kernels.sort_chunks import CopyKey, SizesKey
 
 FAMILIES = (*kernels.families(), _hold.HOLD)
 VARIANTS = [(family, key) for family in FAMILIES for key in family.variants()]
@@ -43,12 +44,16 @@ def test_every_launch_variant_is_listed():
     assert GatherKey(16, 4, 28, 64) in by_family["gather"]
     assert CombineKey(2, _abi.DATA_FLOAT16, True, False, 32) in by_family["combine"]
     assert CombineKey(2, _abi.DATA_FLOAT32, True, False, 32) not in by_family["combine"]
+    assert by_family["sort_plan"] == [SizesKey(32), SizesKey(64)]
+    assert by_family["sort_copy"] == [CopyKey(w) for w in (16, 8, 4, 2, 1)]
 
 
 def test_variant_names_come_from_the_key():
     assert variant_name("count", RoutingKey(64)) == "count_i64"
     assert variant_name("init", NoKey()) == "init"
     assert variant_name("gather", GatherKey(16, 4, 28, 32)) == "gather_h16_s4_b28_i32"
+    assert variant_name("sort_plan", SizesKey(32)) == "sort_plan_i32"
+    assert variant_name("sort_copy", CopyKey(16)) == "sort_copy_w16"
     key = CombineKey(16, _abi.DATA_BFLOAT16, True, False, 64)
     assert variant_name("combine", key) == f"combine_w16_d{_abi.DATA_BFLOAT16}_wt1_mix0_i64"
 

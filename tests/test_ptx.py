@@ -37,17 +37,21 @@ from moe_numba.bench import _hold  # noqa: E402
 from moe_numba.kernels import _intrinsics as ix  # noqa: E402
 from moe_numba.kernels._family import INT, ptr  # noqa: E402
 from moe_numba.kernels.combine import CombineKey  # noqa: E402
+from moe_numba.kernels.sort_chunks import CopyKey  # noqa: E402
 
 FAMILIES = (*kernels.families(), _hold.HOLD)
 ALL = os.environ.get("MOE_PTX_ALL") == "1"
 
 
 def _one_of_each_kind():
-    """Each family's first variant (16-byte words where there are words), and the weighted
-    combine, whose fma the checks tell apart from the plain sum."""
+    """Each family's first variant (16-byte words where there are words), the weighted
+    combine, whose fma the checks tell apart from the plain sum, and a sort copy of 4-byte
+    words."""
     chosen = [(family, family.variants()[0]) for family in FAMILIES]
     combine = next(family for family in FAMILIES if family.name == "combine")
     chosen.append((combine, CombineKey(16, _abi.DATA_BFLOAT16, True, True, 64)))
+    sort_copy = next(family for family in FAMILIES if family.name == "sort_copy")
+    chosen.append((sort_copy, CopyKey(4)))  # (no 16-byte accesses in narrower copies)
     return chosen
 
 
@@ -107,6 +111,9 @@ def test_kernel_compiles(family, key):
             assert "ld.global.v2.u64" in ptx and "st.global.v2.u64" in ptx
         assert ("fma.rn.f32" in ptx) == key.weighted, "multiply-add outside the weighted combine"
         assert not re.search(r"\bmul(\.rn)?\.f32", ptx), "float multiply in the combine"
+    if family.name == "sort_copy":
+        vector = "ld.global.v2.u64" in ptx and "st.global.v2.u64" in ptx
+        assert vector == (key.word == 16), "16-byte words exactly where the key says"
     if family.name == "hold":  # the flag is read again after every pause, not once before the loop
         assert re.search(r"nanosleep[^\n]*\n(.*\n)*?.*ld\.volatile\.global\.u32", ptx)
 
@@ -115,6 +122,7 @@ def test_kernel_compiles(family, key):
 # the kernel ahead (the caller's, for the first); kernels followed by one of this package's
 # let it start early; the bench's stream hold is neither
 _WAITS = {"count", "scan", "count_scan", "gather", "init", "check", "combine"}
+_WAITS |= {"sort_plan", "sort_copy"}
 _TRIGGERS = {"count", "scan", "count_scan", "check"}
 
 

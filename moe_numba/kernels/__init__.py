@@ -1,4 +1,4 @@
-"""The GPU backend: numba.cuda kernels for moe_permute / moe_unpermute.
+"""The GPU backend: numba.cuda kernels for moe_permute / moe_unpermute / moe_sort_chunks.
 
 =============  ==========================================================================
 module         what it holds
@@ -10,6 +10,7 @@ gather         stage 3 of permute: place each slot's row, copy rows, zero paddin
 unpermute      moe_unpermute's host planner (``run``)
 check          unpermute's value checks (``validate=True``): init and check
 combine        unpermute's combine: each token's rows folded into its output row
+sort_chunks    moe_sort_chunks: its plan and copy kernels and its host planner (``run``)
 _family        ``KernelFamily``: each kernel's parameters, body and variants, declared once
 _intrinsics    every device function that differs between a GPU and the simulator
 _primitives    device helpers built on the intrinsics (status words, a warp's search)
@@ -29,8 +30,8 @@ return without synchronising. Kernels compile lazily, once per variant, and laun
 
 
 def families():
-    """Every :class:`~._family.KernelFamily` the library launches (permute's, then
-    unpermute's)."""
-    from . import permute, unpermute
+    """Every :class:`~._family.KernelFamily` the library launches (permute's, unpermute's,
+    then sort_chunks's)."""
+    from . import permute, sort_chunks, unpermute
 
-    return permute.FAMILIES + unpermute.FAMILIES
+    return permute.FAMILIES + unpermute.FAMILIES + sort_chunks.FAMILIES

@@ -1,0 +1,442 @@
+"""Expert parallelism on ``torch.distributed``: a Mixture-of-Experts layer whose experts are
+spread over the ranks of a process group (gloo on CPUs, NCCL on GPUs).
+
+Rank p of P owns the experts ``[p * E / P, (p + 1) * E / P)`` (:func:`local_experts`). One
+forward of :func:`expert_parallel_moe`, on every rank (docs/expert_parallel.rst draws it)::
+
+    counts   distinct tokens per expert on the device, one all_to_all of the counts (and,
+             with validate, of each rank's routing-map check), ONE device-to-host read
+    permute  moe_permute over all E experts: rows grouped by expert, so by owning rank;
+             each (source rank, expert) chunk padded to padding_alignment rows
+    dispatch all_to_all_single of the rows and of their probabilities
+    sort     moe_sort_chunks: [source rank][local expert] -> [local expert][source rank]
+    experts  expert_fn(rows, tokens_per_expert, probs) on this rank's experts
+    sort     the inverse sort, back to [source rank][local expert]
+    combine  all_to_all_single back, then moe_unpermute over all E experts
+
+Every (token, expert) pair comes back to its token's rank, so the combine adds a token's rows
+in ascending global expert id exactly as a one-process run of the same batch does
+(:func:`single_process_moe`): for an expert function that treats rows independently the
+output and every gradient are the same bits. The backward is autograd over differentiable
+pieces (moe_permute / moe_unpermute / moe_sort_chunks custom ops, and an all_to_all whose
+backward is the reverse all_to_all with the saved split sizes): no host read; every rank joins
+every collective of the forward and the backward, also with no tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from .. import _abi, moe_permute, moe_sort_chunks, moe_unpermute
+from .._contract import check_bool, check_int, raise_for_permute_status
+from .._contract_sort import inverse_order
+
+__all__ = ["LayerTimer", "expert_parallel_moe", "local_experts", "single_process_moe"]
+
+ExpertFn = Callable[[torch.Tensor, Sequence[int], torch.Tensor], torch.Tensor]
+"""``expert_fn(rows [N, H], tokens_per_expert, probs [N]) -> [N, H_out]``: rows expert-major
+(``tokens_per_expert[j]`` rows of local expert j, padding rows included, then the next), the
+routing probability of each row (0.0 on padding rows); bfloat16, float16 or float32 out."""
+
+_BIG = torch.iinfo(torch.int64).max
+_STATUS = 4  # per rank: first bad slot, its id, first repeated slot, its id
+
+
+def local_experts(num_experts: int, group=None) -> range:
+    """The global ids of the experts this rank owns: ``[p * E / P, (p + 1) * E / P)``.
+
+    Parameters
+    ----------
+    num_experts : int
+        E, a multiple of the group's size P.
+    group : torch.distributed.ProcessGroup, optional
+        The ranks that share the experts (default: the world).
+
+    Returns
+    -------
+    range
+        This rank's expert ids.
+
+    Raises
+    ------
+    ValueError
+        If the group's size does not divide ``num_experts``.
+    """
+    ranks = dist.get_world_size(group)
+    num_experts = check_int("num_experts", num_experts, 1)
+    if num_experts % ranks:
+        raise ValueError(
+            f"num_experts = {num_experts} must be a multiple of the process group's size "
+            f"({ranks}): each rank owns num_experts / size experts"
+        )
+    per_rank = num_experts // ranks
+    first = dist.get_rank(group) * per_rank
+    return range(first, first + per_rank)
+
+
+class LayerTimer:
+    """Wall time of each stage of :func:`expert_parallel_moe`, forward and backward, summed
+    over calls (``forward[stage]``, ``backward[stage]`` in seconds).
+
+    The device is synchronised at every stage boundary, so pass one only when measuring. The
+    backward is timed where the rows' gradient crosses a boundary; the probabilities'
+    gradient, computed alongside, counts towards whichever stage is running then.
+    """
+
+    STAGES = ("counts", "permute", "all-to-all", "sort", "experts", "unpermute")
+
+    def __init__(self):
+        self.forward = dict.fromkeys(self.STAGES, 0.0)
+        self.backward = dict.fromkeys(self.STAGES, 0.0)
+        self._last = None  # (stage whose backward runs, when it started)
+
+    @contextlib.contextmanager
+    def stage(self, name, like):
+        """Time the forward code of stage ``name`` (``like``: a tensor on the device)."""
+        _synchronize(like)
+        start = time.perf_counter()
+        yield
+        _synchronize(like)
+        self.forward[name] += time.perf_counter() - start
+
+    def mark(self, tensor, stage):
+        """``tensor``, the output of ``stage`` (None: the layer's input), with a clock on
+        its gradient: when it arrives, the backward of ``stage`` begins."""
+        if not tensor.requires_grad:
+            return tensor
+        return _Mark.apply(tensor, self, stage)
+
+    def _reached(self, stage, grad):
+        _synchronize(grad)
+        now = time.perf_counter()
+        if self._last is not None:
+            running, start = self._last
+            self.backward[running] += now - start
+        self._last = None if stage is None else (stage, now)
+
+
+class _Mark(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, timer, stage):
+        ctx.timer, ctx.stage = timer, stage
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.timer._reached(ctx.stage, grad)
+        return grad, None, None
+
+
+class _NoTimer:
+    @staticmethod
+    def stage(name, like):
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def mark(tensor, stage):
+        return tensor
+
+
+def _synchronize(like):
+    if like.device.type == "cuda":
+        torch.cuda.synchronize(like.device)
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` of rows; the backward sends the gradients back the same way."""
+
+    @staticmethod
+    def forward(ctx, x, output_splits, input_splits, group):
+        ctx.splits = (input_splits, output_splits)
+        ctx.group = group
+        return _all_to_all(x, output_splits, input_splits, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        input_splits, output_splits = ctx.splits
+        return _all_to_all(grad.contiguous(), input_splits, output_splits, ctx.group), *(None,) * 3
+
+
+def _all_to_all(x, output_splits, input_splits, group):
+    out = x.new_empty((sum(output_splits), *x.shape[1:]))
+    dist.all_to_all_single(out, x, output_splits, input_splits, group=group)
+    return out
+
+
+def _counts_and_status(routemap, num_experts, validate):
+    """Distinct tokens per expert (int64 [E], the permute's ``c_e``: ids outside [0, E)
+    skipped, a repeated expert counted once) and, with ``validate``, the routing map's
+    status words [4] (first bad slot and its id, first repeated slot and its id; -1 for
+    none); all on the device."""
+    ids = routemap.long()
+    num_tokens, topk = ids.shape
+    valid = (ids >= 0) & (ids < num_experts)
+    # each token's ids sorted: an id counts where it differs from its left neighbour; the
+    # others go to a spare bin E (integer adds: the same counts whatever their order)
+    ordered = ids.sort(1).values
+    first = torch.ones_like(valid)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    counted = first & (ordered >= 0) & (ordered < num_experts)
+    bins = torch.where(counted, ordered, num_experts).flatten()
+    counts = ids.new_zeros(num_experts + 1).scatter_add_(0, bins, torch.ones_like(bins))
+    counts = counts[:num_experts]
+    if not validate:
+        return counts, None
+    flat = torch.arange(num_tokens * topk, device=ids.device).view(num_tokens, topk)
+    repeated = torch.zeros_like(valid)
+    for k in range(1, topk):
+        repeated[:, k] = valid[:, k] & (ids[:, :k] == ids[:, k : k + 1]).any(1)
+    words = []
+    padded_ids = torch.cat([ids.flatten(), ids.new_zeros(1)])  # (a slot for "none")
+    for found in (~valid & (ids != -1), repeated):
+        at = torch.where(found, flat, _BIG).flatten()
+        at = torch.cat([at, at.new_full((1,), _BIG)]).amin().view(1)
+        # gather, not indexing with a tensor: nothing here may read the device from the host
+        value = padded_ids.gather(0, at.clamp(max=num_tokens * topk))
+        words += [torch.where(at == _BIG, -1, at), torch.where(at == _BIG, -1, value)]
+    return counts, torch.cat(words)
+
+
+def _raise_for_routing(words, rank, topk, num_experts):
+    """Raise for the first rank whose routing map is bad (every rank raises the same);
+    ``rank`` None: one process, no rank to name."""
+    plan = SimpleNamespace(topk=topk, num_experts=num_experts)
+    for source, (bad, bad_id, repeated, repeated_id) in enumerate(words):
+        status = [-1] * _abi.PERMUTE_STATUS_LEN
+        status[_abi.PERMUTE_BAD_ID : _abi.PERMUTE_BAD_ID + 2] = bad, bad_id
+        status[_abi.PERMUTE_DUPLICATE : _abi.PERMUTE_DUPLICATE + 2] = repeated, repeated_id
+        try:
+            raise_for_permute_status(status, plan)
+        except ValueError as error:
+            if rank is None:
+                raise
+            where = "this rank" if source == rank else f"rank {source}"
+            raise ValueError(f"{error} (on {where}; every rank raises)") from None
+
+
+def _padded(n, alignment):
+    return -(-n // alignment) * alignment
+
+
+def _check_expert_output(out, rows):
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != rows:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"expert_fn must return a [{rows}, hidden] tensor; got {shape}")
+    if out.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"expert_fn must return bfloat16, float16 or float32 rows; got {out.dtype}")
+
+
+def expert_parallel_moe(
+    x: torch.Tensor,
+    routemap: torch.Tensor,
+    probs: torch.Tensor,
+    expert_fn: ExpertFn,
+    num_experts: int,
+    *,
+    group=None,
+    padding_alignment: int = 1,
+    using_weighted_combine: bool = True,
+    validate: bool = True,
+    timer: LayerTimer | None = None,
+) -> torch.Tensor:
+    """A Mixture-of-Experts layer over the ranks of ``group`` (the all-to-all per pair).
+
+    Every rank calls it with its own tokens (any number, zero included). Tokens go to the
+    ranks that own their experts, ``expert_fn`` runs there, and the results come back and
+    are combined per token. Differentiable in ``x``, ``probs`` and whatever ``expert_fn``
+    uses.
+
+    Parameters
+    ----------
+    x : torch.Tensor of shape (T, H)
+        This rank's tokens: bfloat16, float16 or float32.
+    routemap : torch.Tensor of shape (T, K), int32 or int64
+        Global expert id of each top-k slot; -1 marks an empty slot.
+    probs : torch.Tensor of shape (T, K), float32
+        Routing probability of each slot.
+    expert_fn : callable
+        ``expert_fn(rows, tokens_per_expert, probs) -> out`` for this rank's experts
+        (:func:`local_experts`): ``rows`` [N, H] expert-major, ``tokens_per_expert[j]``
+        rows of local expert j (a multiple of ``padding_alignment``; 0 for an expert with
+        no tokens), ``probs`` [N] float32 (0.0 on padding rows). Returns [N, H_out] of
+        bfloat16, float16 or float32. Called exactly once per forward on every rank.
+    num_experts : int
+        E, a multiple of the group's size.
+    group : torch.distributed.ProcessGroup, optional
+        The ranks that share the experts (default: the world).
+    padding_alignment : int, default 1
+        Each (source rank, expert) chunk of rows is padded with zero rows to a multiple of
+        this, so every expert's row count is one too (as Megatron-Core pads its routing map
+        for quantised grouped GEMMs).
+    using_weighted_combine : bool, default True
+        Weight each expert row by its probability in the combine (as ``moe_unpermute``);
+        False sums them (an expert function that applies ``probs`` itself).
+    validate : bool, default True
+        Check every rank's routing map (ids in [-1, E), no expert twice in a token) on the
+        device; the verdicts travel with the counts, so every rank raises together and none
+        is left waiting in a collective. False: bad ids count as -1 and a repeated expert
+        once, as in ``moe_permute``.
+    timer : LayerTimer, optional
+        Adds the wall time of each stage, forward and backward (synchronising the device
+        at every stage boundary).
+
+    Returns
+    -------
+    torch.Tensor of shape (T, H_out)
+        The combined rows, dtype of the expert function's output.
+
+    Raises
+    ------
+    ValueError
+        ``num_experts`` not a multiple of the group's size, a bad routing map on any rank
+        (with ``validate``), or an expert output of the wrong shape.
+    TypeError
+        An expert output of the wrong dtype.
+
+    Notes
+    -----
+    One device-to-host read per forward (the split sizes, after the counts' all_to_all);
+    none in the backward. The result and all gradients equal :func:`single_process_moe` on
+    the concatenation of every rank's batch, bit for bit, when ``expert_fn`` treats each row
+    on its own (its rows arrive in the same order within each expert; only the padding
+    rows are placed differently).
+    """
+    check_bool("using_weighted_combine", using_weighted_combine)
+    check_bool("validate", validate)
+    alignment = check_int("padding_alignment", padding_alignment, 1)
+    experts = local_experts(num_experts, group)
+    clock = _NoTimer if timer is None else timer
+    stage = clock.stage
+    ranks = dist.get_world_size(group)
+    per_rank = len(experts)
+    num_tokens, topk = routemap.shape
+
+    with stage("counts", x):
+        counts, words = _counts_and_status(routemap, num_experts, validate)
+        message = counts.view(ranks, per_rank)
+        if words is not None:
+            message = torch.cat([message, words.expand(ranks, _STATUS)], 1)
+        received = torch.empty_like(message)
+        dist.all_to_all_single(received, message, group=group)
+        host = torch.cat([counts, received.flatten()]).tolist()  # the one device-to-host read
+    width = message.shape[1]
+    if validate:
+        words = [host[num_experts + q * width + per_rank :][:_STATUS] for q in range(ranks)]
+        _raise_for_routing(words, dist.get_rank(group), topk, num_experts)
+    local = host[:num_experts]
+    # rows of each (source rank q, local expert j) chunk arriving here, in arrival order
+    arriving = [
+        _padded(host[num_experts + q * width + j], alignment)
+        for q in range(ranks)
+        for j in range(per_rank)
+    ]
+    sent = [_padded(n, alignment) for n in local]
+    input_splits = [sum(sent[q * per_rank : (q + 1) * per_rank]) for q in range(ranks)]
+    output_splits = [sum(arriving[q * per_rank : (q + 1) * per_rank]) for q in range(ranks)]
+    order = [q * per_rank + j for j in range(per_rank) for q in range(ranks)]
+    tokens_per_expert = [sum(arriving[j::per_rank]) for j in range(per_rank)]
+
+    x = clock.mark(x, None)
+    with stage("permute", x):
+        rows, rowmap, row_probs, _ = moe_permute(
+            x, None, routemap, probs, num_experts, local, alignment, validate=False
+        )
+    rows = clock.mark(rows, "permute")
+    with stage("all-to-all", x):
+        rows_in = _AllToAll.apply(rows, output_splits, input_splits, group)
+        probs_in = _AllToAll.apply(row_probs, output_splits, input_splits, group)
+    rows_in = clock.mark(rows_in, "all-to-all")
+    with stage("sort", x):
+        expert_rows, expert_probs = moe_sort_chunks(rows_in, arriving, order, probs_in)
+    expert_rows = clock.mark(expert_rows, "sort")
+    with stage("experts", x):
+        out = expert_fn(expert_rows, tokens_per_expert, expert_probs)
+        _check_expert_output(out, expert_rows.shape[0])
+    out = clock.mark(out, "experts")
+    with stage("sort", x):
+        back, _ = moe_sort_chunks(out, [arriving[c] for c in order], inverse_order(order))
+    back = clock.mark(back, "sort")
+    with stage("all-to-all", x):
+        back = _AllToAll.apply(back, input_splits, output_splits, group)
+    back = clock.mark(back, "all-to-all")
+    with stage("unpermute", x):
+        y, _ = moe_unpermute(
+            back,
+            rowmap,
+            routemap,
+            row_probs,
+            num_tokens,
+            num_experts,
+            using_weighted_combine=using_weighted_combine,
+            validate=False,
+        )
+    return clock.mark(y, "unpermute")
+
+
+def single_process_moe(
+    x: torch.Tensor,
+    routemap: torch.Tensor,
+    probs: torch.Tensor,
+    expert_fn: ExpertFn,
+    num_experts: int,
+    *,
+    padding_alignment: int = 1,
+    using_weighted_combine: bool = True,
+    validate: bool = True,
+) -> torch.Tensor:
+    """The same layer in one process, every expert local: permute -> ``expert_fn`` ->
+    unpermute, with the routing rules of :func:`expert_parallel_moe` (the reference its
+    results are compared with).
+
+    Parameters
+    ----------
+    x, routemap, probs : torch.Tensor
+        The whole batch, as for :func:`expert_parallel_moe`.
+    expert_fn : callable
+        As for :func:`expert_parallel_moe`, for all ``num_experts`` experts.
+    num_experts : int
+        E.
+    padding_alignment, using_weighted_combine, validate
+        As for :func:`expert_parallel_moe`.
+
+    Returns
+    -------
+    torch.Tensor of shape (T, H_out)
+        The combined rows.
+    """
+    check_bool("using_weighted_combine", using_weighted_combine)
+    check_bool("validate", validate)
+    alignment = check_int("padding_alignment", padding_alignment, 1)
+    num_experts = check_int("num_experts", num_experts, 1)
+    counts, words = _counts_and_status(routemap, num_experts, validate)
+    if validate:
+        _raise_for_routing([words.tolist()], None, routemap.shape[1], num_experts)
+    counts = counts.tolist()
+    rows, rowmap, row_probs, _ = moe_permute(
+        x, None, routemap, probs, num_experts, counts, alignment, validate=False
+    )
+    out = expert_fn(rows, [_padded(n, alignment) for n in counts], row_probs)
+    _check_expert_output(out, rows.shape[0])
+    y, _ = moe_unpermute(
+        out,
+        rowmap,
+        routemap,
+        row_probs,
+        x.shape[0],
+        num_experts,
+        using_weighted_combine=using_weighted_combine,
+        validate=False,
+    )
+    return y
+
+
+if __name__ == "__main__":
+    from ._distributed_bench import main
+
+    main()

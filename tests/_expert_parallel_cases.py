@@ -1,0 +1,270 @@
+"""The expert-parallel cases, and the worker process that runs them (tests/test_expert_parallel.py
+spawns it; it imports no pytest).
+
+Every rank builds the same global batch from the case's seed, runs the one-process layer on
+all of it, then the expert-parallel layer on its own slice, forward and backward, and reports
+per case whether its slice of the output and of every gradient has the same bits.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    tokens: tuple[int, ...]  # per rank
+    num_experts: int
+    topk: int
+    hidden: int = 6
+    dtype: str = "bfloat16"
+    alignment: int = 1
+    weighted: bool = True
+    validate: bool = True
+    unused_experts: tuple[int, ...] = ()  # no token routes there
+    malformed: bool = False  # repeated experts and out-of-range ids (validate=False rules)
+    seed: int = 0
+    bad_rank: int | None = None  # this rank's routing map gets an id outside [-1, E)
+    probs_in_experts: bool = True  # the expert function uses the probabilities
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def ranks(self):
+        return len(self.tokens)
+
+
+def global_batch(case):
+    """(x, routemap, probs, dy, weights) of the whole batch, the same on every rank."""
+    rng = np.random.default_rng(case.seed)
+    total = sum(case.tokens)
+    E, K = case.num_experts, case.topk
+    allowed = np.array([e for e in range(E) if e not in case.unused_experts])
+    routemap = np.full((total, K), -1, np.int64)
+    for t in range(total):
+        used = min(K, len(allowed), int(rng.integers(0, K + 1)))
+        routemap[t, rng.choice(K, used, replace=False)] = rng.choice(allowed, used, replace=False)
+    if case.malformed:
+        for t in range(0, total, 3):
+            routemap[t, -1] = routemap[t, 0]  # a repeated expert: counted once
+        if total:
+            routemap[total // 2, 0] = E + 3  # outside [-1, E): treated as -1
+    dtype = DTYPES[case.dtype]
+    x = torch.from_numpy(rng.standard_normal((total, case.hidden)).astype(np.float32)).to(dtype)
+    probs = torch.from_numpy(rng.random((total, K), dtype=np.float32))
+    dy = torch.from_numpy(rng.standard_normal((total, case.hidden)).astype(np.float32)).to(dtype)
+    weights = torch.from_numpy(rng.standard_normal(E).astype(np.float32) + 2)
+    return x, torch.from_numpy(routemap), probs, dy, weights
+
+
+def elementwise_experts(weights, first, case, seen):
+    """An expert function that treats each row on its own: ``row * w_e + p * row**2``
+    (the probability enters, so its gradient flows through the experts too), or ``row * w_e``
+    for a case whose experts ignore the probabilities; it records the counts it was called
+    with in ``seen``."""
+
+    def expert_fn(rows, tokens_per_expert, probs):
+        seen.append(list(tokens_per_expert))
+        assert all(n % case.alignment == 0 for n in tokens_per_expert), tokens_per_expert
+        assert sum(tokens_per_expert) == rows.shape[0]
+        # each row's weight, from views only (no host-device traffic inside the layer)
+        w = torch.cat(
+            [weights[first + j : first + j + 1].expand(n) for j, n in enumerate(tokens_per_expert)]
+            + [weights[:0]]
+        )
+        w = w.to(rows.dtype).unsqueeze(1)
+        if not case.probs_in_experts:
+            return rows * w
+        return rows * w + probs.to(rows.dtype).unsqueeze(1) * rows * rows
+
+    return expert_fn
+
+
+def _bits(t):
+    t = t.detach().contiguous()
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32).clone()
+
+
+def _leaves(case, x, probs, weights):
+    return (
+        x.clone().requires_grad_(True),
+        probs.clone().requires_grad_(True),
+        weights.clone().requires_grad_(True),
+    )
+
+
+def one_process(case, x, routemap, probs, dy, weights, flags):
+    """The reference: one process, the whole batch, every expert, forward and backward;
+    its output and its leaves (x, probs, weights) holding the gradients."""
+    from moe_numba.torch.distributed import single_process_moe
+
+    leaves = _leaves(case, x, probs, weights)
+    experts = elementwise_experts(leaves[2], 0, case, [])
+    y = single_process_moe(leaves[0], routemap, leaves[1], experts, case.num_experts, **flags)
+    y.backward(dy)
+    return y, leaves
+
+
+def run_case(case, rank, group=None):
+    """This rank's verdicts for ``case``: a dict of check name -> bool (or an error)."""
+    from moe_numba.torch.distributed import (
+        expert_parallel_moe,
+        local_experts,
+    )
+
+    x, routemap, probs, dy, weights = global_batch(case)
+    flags = dict(
+        padding_alignment=case.alignment,
+        using_weighted_combine=case.weighted,
+        validate=case.validate,
+    )
+    start = sum(case.tokens[:rank])
+    mine = slice(start, start + case.tokens[rank])
+    if case.bad_rank is not None:
+        bad = routemap.clone()
+        if rank == case.bad_rank and case.tokens[rank]:
+            bad[mine][0, 0] = case.num_experts  # one id past the last expert
+        try:
+            experts = elementwise_experts(
+                weights, local_experts(case.num_experts, group).start, case, []
+            )
+            expert_parallel_moe(
+                x[mine], bad[mine], probs[mine], experts, case.num_experts, group=group, **flags
+            )
+        except ValueError as error:
+            return {"raised": True, "message": str(error)}
+        return {"raised": False, "message": ""}
+
+    y_ref, (rx, rp, rw) = one_process(case, x, routemap, probs, dy, weights, flags)
+
+    results = {}
+    outputs = []
+    for _attempt in range(2):  # twice: run to run determinism
+        lx, lp, lw = _leaves(case, x[mine], probs[mine], weights)
+        experts = local_experts(case.num_experts, group)
+        seen = []
+        y = expert_parallel_moe(
+            lx,
+            routemap[mine],
+            lp,
+            elementwise_experts(lw, experts.start, case, seen),
+            case.num_experts,
+            group=group,
+            **flags,
+        )
+        y.backward(dy[mine])
+        outputs.append((_bits(y), _bits(lx.grad), _bits(lp.grad), lw.grad.clone()))
+        results["expert_fn called once"] = len(seen) == 1
+    (y, gx, gp, gw), again = outputs
+    results["y"] = torch.equal(y, _bits(y_ref[mine]))
+    results["grad x"] = torch.equal(gx, _bits(rx.grad[mine]))
+    results["grad probs"] = torch.equal(gp, _bits(rp.grad[mine]))
+    results["deterministic"] = all(
+        torch.equal(a, b) for a, b in zip(outputs[0], again, strict=True)
+    )
+    # expert weights: the reduction over rows is the expert function's own (torch's sum);
+    # here only this rank's experts get a gradient, and unused experts get exact zeros
+    local = list(experts)
+    results["grad weights (local experts, close)"] = torch.allclose(
+        gw[local], rw.grad[local], rtol=2e-2, atol=1e-3
+    )
+    others = [e for e in range(case.num_experts) if e not in local]
+    results["grad weights (remote experts zero)"] = bool((gw[others] == 0).all())
+    unused = [e for e in case.unused_experts if e in local]
+    results["grad weights (unused experts zero)"] = bool((gw[unused] == 0).all())
+    results["shapes"] = tuple(lx.grad.shape) == (case.tokens[rank], case.hidden)
+    return results
+
+
+def worker(rank, ranks, port, cases, queue):
+    """One process of the group: every case in turn, verdicts to ``queue``; stops by itself."""
+    from moe_numba.torch._distributed_bench import join_local_group
+
+    try:
+        join_local_group(rank, ranks, port, timeout=60, threads=1)  # several per core here
+        for case in cases:
+            try:
+                queue.put((case.name, rank, run_case(case, rank)))
+            except Exception:
+                queue.put((case.name, rank, {"error": traceback.format_exc()}))
+                raise
+        dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def nccl_worker(rank, ranks, port, queue):
+    """One GPU per process over NCCL: the layer against one process on the GPU, bit for
+    bit, and its host synchronisations counted (one read per forward, none backward)."""
+    import warnings
+
+    from moe_numba.kernels import _status
+    from moe_numba.torch._distributed_bench import join_local_group
+
+    try:
+        torch.cuda.set_device(rank)
+        join_local_group(rank, ranks, port, backend="nccl", timeout=120)
+        from moe_numba.torch.distributed import (
+            expert_parallel_moe,
+            local_experts,
+        )
+
+        case = Case("nccl", tuple(5 + 3 * r for r in range(ranks)), 4 * ranks, 3, alignment=2)
+        device = torch.device("cuda", rank)
+        x, routemap, probs, dy, weights = (t.to(device) for t in global_batch(case))
+        start = sum(case.tokens[:rank])
+        mine = slice(start, start + case.tokens[rank])
+        flags = dict(padding_alignment=case.alignment)
+        y_ref, (rx, rp, rw) = one_process(case, x, routemap, probs, dy, weights, flags)
+
+        reads = []
+        original = _status.StatusWords.read
+        _status.StatusWords.read = lambda self: reads.append(1) or original(self)
+        lx, lp, lw = _leaves(case, x[mine], probs[mine], weights)
+        experts = elementwise_experts(lw, local_experts(case.num_experts).start, case, [])
+        y = expert_parallel_moe(lx, routemap[mine], lp, experts, case.num_experts, **flags)
+        torch.cuda.synchronize()
+        syncs = {}
+        for phase in ("forward", "backward"):
+            torch.cuda.synchronize()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                if phase == "forward":
+                    lx2, lp2, lw2 = _leaves(case, x[mine], probs[mine], weights)
+                    experts = elementwise_experts(
+                        lw2, local_experts(case.num_experts).start, case, []
+                    )
+                    y2 = expert_parallel_moe(
+                        lx2, routemap[mine], lp2, experts, case.num_experts, **flags
+                    )
+                else:
+                    y2.backward(dy[mine])
+                torch.cuda.set_sync_debug_mode("default")
+            syncs[phase] = sum("synchroniz" in str(w.message) for w in caught)
+        _status.StatusWords.read = original
+        results = {
+            "y": torch.equal(_bits(y), _bits(y_ref[mine])),
+            "y again": torch.equal(_bits(y2), _bits(y_ref[mine])),
+            "grad x": torch.equal(_bits(lx2.grad), _bits(rx.grad[mine])),
+            "grad probs": torch.equal(_bits(lp2.grad), _bits(rp.grad[mine])),
+            "one host sync in the forward": syncs["forward"] == 1,
+            "no host sync in the backward": syncs["backward"] == 0,
+            "no status words read": not reads,
+        }
+        queue.put(("nccl", rank, results))
+        dist.barrier()
+    except Exception:
+        queue.put(("nccl", rank, {"error": traceback.format_exc()}))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,168 @@
+"""The expert-parallel layer over gloo, 2 and 4 processes on 127.0.0.1, against one process.
+
+One group of processes per world size runs every case (starting processes costs more than
+the cases); each test then reads its case's verdicts from every rank. The group has a hard
+deadline, each collective a timeout, and each process ends by itself after its cases.
+"""
+
+import multiprocessing
+import queue as queue_module
+import socket
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the expert-parallel layer needs torch")
+dist = pytest.importorskip("torch.distributed", reason="needs torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("this torch build has no gloo backend", allow_module_level=True)
+
+from _expert_parallel_cases import Case, nccl_worker, worker  # noqa: E402
+
+DEADLINE = 240  # seconds for a whole group (process start-up included)
+
+CASES = {
+    2: [
+        Case("bf16 weighted", (5, 7), num_experts=4, topk=2),
+        Case(
+            "float32 probs in the experts, alignment 3",
+            (6, 4),
+            4,
+            3,
+            dtype="float32",
+            alignment=3,
+            weighted=False,
+            seed=1,
+        ),
+        Case("a rank with no tokens", (0, 6), 4, 2, alignment=2, seed=2),
+        Case("an expert with no tokens", (4, 5), 6, 2, unused_experts=(1, 4), seed=3),
+        Case("no tokens anywhere", (0, 0), 2, 1, seed=4),
+        Case("experts ignore the probabilities", (4, 6), 4, 2, probs_in_experts=False, seed=9),
+        Case("bad id on rank 1 raises on every rank", (3, 3), 4, 2, bad_rank=1, seed=5),
+    ],
+    4: [
+        Case(
+            "bf16 alignment 2, repeats and bad ids (validate=False)",
+            (3, 0, 5, 4),
+            8,
+            3,
+            alignment=2,
+            validate=False,
+            malformed=True,
+            seed=6,
+        ),
+        Case(
+            "float32 weighted, wide",
+            (4, 6, 2, 3),
+            8,
+            4,
+            hidden=33,
+            dtype="float32",
+            unused_experts=(0, 7),
+            seed=7,
+        ),
+        Case("bad id on rank 2 raises on every rank", (2, 2, 2, 2), 4, 1, bad_rank=2, seed=8),
+    ],
+}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_group(ranks, cases=None, target=worker):
+    """Start ``ranks`` processes on every case of that size; their verdicts by case."""
+    cases = CASES[ranks] if cases is None else cases
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    port = _free_port()
+    arguments = (port, cases, queue) if target is worker else (port, queue)
+    processes = [
+        context.Process(target=target, args=(rank, ranks, *arguments), daemon=True)
+        for rank in range(ranks)
+    ]
+    for p in processes:
+        p.start()
+    verdicts = {case.name: {} for case in cases}
+    expected = len(cases) * ranks
+    deadline = time.monotonic() + DEADLINE
+    received = 0
+    try:
+        while received < expected:
+            try:
+                name, rank, result = queue.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue_module.Empty:
+                break
+            verdicts[name][rank] = result
+            received += 1
+            if "error" in result:
+                break
+        for p in processes:
+            p.join(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for p in processes:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return verdicts, [p.exitcode for p in processes]
+
+
+_groups = {}
+
+
+def _verdicts(ranks):
+    if ranks not in _groups:
+        _groups[ranks] = _run_group(ranks)
+    return _groups[ranks]
+
+
+@pytest.mark.parametrize(
+    "ranks,case",
+    [(r, c) for r, cases in CASES.items() for c in cases],
+    ids=[f"{r}ranks-{c.name}" for r, cases in CASES.items() for c in cases],
+)
+def test_against_one_process(ranks, case):
+    verdicts, exitcodes = _verdicts(ranks)
+    per_rank = verdicts[case.name]
+    assert sorted(per_rank) == list(range(ranks)), (
+        f"verdicts from ranks {sorted(per_rank)} only (exit codes {exitcodes}); "
+        f"errors: {[v.get('error') for v in per_rank.values()]}"
+    )
+    for rank, result in per_rank.items():
+        assert "error" not in result, f"rank {rank}:\n{result['error']}"
+        if case.bad_rank is not None:
+            assert result["raised"], f"rank {rank} did not raise"
+            where = "this rank" if rank == case.bad_rank else f"rank {case.bad_rank}"
+            assert "is not an expert id" in result["message"]
+            assert f"(on {where}; every rank raises)" in result["message"], result["message"]
+            continue
+        failed = [check for check, ok in result.items() if not ok]
+        assert not failed, f"rank {rank}: {failed}"
+
+
+@pytest.mark.parametrize("ranks", sorted(CASES))
+def test_every_process_ends_by_itself(ranks):
+    _, exitcodes = _verdicts(ranks)
+    assert exitcodes == [0] * ranks
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_nccl_on_gpus_one_host_read_per_forward(ranks):
+    """One GPU per process over NCCL (runs where that many GPUs are present; one GPU checks
+    every kernel of the layer, two the exchange too): the same bits as one process on the
+    GPU, one host synchronisation per forward (the split sizes), none in the backward, no
+    status words read."""
+    if torch.cuda.device_count() < ranks or not dist.is_nccl_available():
+        pytest.skip(f"needs {ranks} CUDA GPU(s) and NCCL")
+    cases = [Case("nccl", (5,) * ranks, 4 * ranks, 3)]
+    verdicts, exitcodes = _run_group(ranks, cases=cases, target=nccl_worker)
+    per_rank = verdicts["nccl"]
+    assert sorted(per_rank) == list(range(ranks)), f"exit codes {exitcodes}: {per_rank}"
+    for rank, result in per_rank.items():
+        assert "error" not in result, f"rank {rank}:\n{result['error']}"
+        failed = [check for check, ok in result.items() if not ok]
+        assert not failed, f"rank {rank}: {failed}"
+    assert exitcodes == [0] * ranks
