@@ -36,7 +36,12 @@ def test_moe_cpu_tables_equal_the_api_tables():
     _abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, moe_cpu.DATA_TYPES)
     # every op's slots are in the checked table (an op whose prefix _abi._OPS lacks is not)
     ops = {name for name in vars(_abi) if name.endswith("_STATUS_LEN")}
-    assert ops == {"PERMUTE_STATUS_LEN", "UNPERMUTE_STATUS_LEN", "SORT_STATUS_LEN"}
+    assert ops == {
+        "PERMUTE_STATUS_LEN",
+        "UNPERMUTE_STATUS_LEN",
+        "UNPERMUTE_BACKWARD_STATUS_LEN",
+        "SORT_STATUS_LEN",
+    }
     assert ops <= _abi.STATUS_SLOTS.keys()
 
 
