@@ -6,7 +6,13 @@ parallel loop uses :func:`get_num_threads` threads and gives the same bits with 
 """
 
 from moe_cpu._memory import cache_info, empty, empty_cache
-from moe_cpu._parallel import copy_rows, get_num_threads, openmp_enabled, set_num_threads
+from moe_cpu._parallel import (
+    copy_rows,
+    get_num_threads,
+    openmp_enabled,
+    set_num_threads,
+    thread_limit,
+)
 from moe_cpu._permute import permute
 from moe_cpu._unpermute import unpermute
 
@@ -19,5 +25,6 @@ __all__ = [
     "openmp_enabled",
     "permute",
     "set_num_threads",
+    "thread_limit",
     "unpermute",
 ]

@@ -167,17 +167,10 @@ def test_fork_before_use_keeps_threads():
 # ------------------------------------------------------------------------ 3: thread counts
 
 
-def thread_limit():
-    """The limit that set_num_threads reports when refusing a count."""
-    with pytest.raises(ValueError) as refused:
-        moe_cpu.set_num_threads(1 << 40)
-    return int(re.search(r"at most (\d+)", str(refused.value)).group(1))
-
-
 @pytest.mark.skipif(not moe_cpu.openmp_enabled(), reason="thread counts are ignored without OpenMP")
 @pytest.mark.parametrize("n", [32768, 65536, 1 << 31, 1 << 63, 1 << 64])
 def test_huge_thread_count_refused(n):
-    limit = thread_limit()
+    limit = moe_cpu.thread_limit()
     if n <= limit:
         pytest.skip(f"this machine allows {limit} threads")
     with pytest.raises(ValueError, match=rf"n must be at most {limit} .*; got {n}$"):
@@ -188,8 +181,9 @@ def test_huge_thread_count_refused(n):
 @pytest.mark.skipif(not moe_cpu.openmp_enabled(), reason="thread counts are ignored without OpenMP")
 def test_thread_limit_works():
     """The largest accepted count runs; one more is refused with the limit and the reason."""
-    limit = thread_limit()
-    assert limit >= 4  # four threads per processor, at least one processor
+    limit = moe_cpu.thread_limit()
+    if hasattr(os, "sched_getaffinity") and "OMP_THREAD_LIMIT" not in os.environ:
+        assert limit == moe_cpu._parallel.THREADS_PER_PROCESSOR * len(os.sched_getaffinity(0))
     with pytest.raises(ValueError, match=rf"processor.*; got {limit + 1}$"):
         moe_cpu.set_num_threads(limit + 1)
     done = run_python(
@@ -229,7 +223,25 @@ def test_absurd_omp_num_threads_is_clamped(value):
     )
     assert_survived(done, "threads")
     used = int(done.stdout.split()[-1])
-    assert 1 <= used <= thread_limit()
+    assert 1 <= used <= moe_cpu.thread_limit()
+
+
+@pytest.mark.skipif(not moe_cpu.openmp_enabled(), reason="OMP_THREAD_LIMIT is read by OpenMP")
+def test_omp_thread_limit_is_the_limit():
+    done = run_python(
+        """
+        import moe_cpu
+        assert moe_cpu.thread_limit() == 3, moe_cpu.thread_limit()
+        assert moe_cpu.get_num_threads() == 3  # OMP_NUM_THREADS=8, clamped
+        moe_cpu.set_num_threads(3)
+        try:
+            moe_cpu.set_num_threads(4)
+        except ValueError as e:
+            print("refused:", e)
+        """,
+        env={"OMP_THREAD_LIMIT": "3", "OMP_NUM_THREADS": "8"},
+    )
+    assert_survived(done, "refused: n must be at most 3 ")
 
 
 # ----------------------------------------------------------- 2: inputs rewritten during a call
