@@ -6,9 +6,9 @@ Three rules keep a call alive and fast whatever its environment (docs/threads.rs
 - a child made by ``fork()`` after this process ran a team of threads runs serially, because
   libgomp's thread pool belongs to the parent and a child that starts a team waits forever
   for threads that were not forked;
-- by default a call runs on one thread while the threads of this process are being preempted
-  (the cores are busy with other work): a team whose threads wait for a core stalls at every
-  barrier, far slower than one thread.
+- by default a call uses fewer threads, down to one, while the threads of this process are
+  being preempted (the processors are busy with other work): a team whose threads wait for
+  a processor stalls at every barrier, far slower than one thread.
 """
 
 from cython.parallel cimport prange
@@ -75,42 +75,76 @@ cdef extern from *:
     #define MOE_CAN_SENSE_LOAD 0
     #endif
 
-    /* Load sensing. A call that ran a team and saw a preemption of any thread of this
-       process by the start of the next call means the cores are shared: the calls then run
-       on one thread for a back-off time, which doubles (up to its maximum) each time a
-       team is tried again and preempted again, and resets when a team runs undisturbed.
+    /* Load sensing. After a call on w > 1 threads, more than w / 8 preemptions of the
+       threads of this process by the start of the next call mean that processors are
+       shared: the team is halved and held there for a pause, which doubles (up to its
+       maximum) each time a team is preempted again and resets once a call on all n threads
+       runs undisturbed. When a pause ends the team is doubled, one step per shortest pause.
        The state is shared by all threads without a lock: a stale value only changes the
        thread count of one call, never a result. */
     static int64_t moe_backoff_min_ns = 10000000;    /* 10 ms */
     static int64_t moe_backoff_max_ns = 1000000000;  /* 1 s */
     static int64_t moe_backoff_ns = 10000000;
-    static int64_t moe_serial_until_ns = 0;
+    static int64_t moe_hold_until_ns = 0;
     static int64_t moe_last_preemptions = -1;
-    static int moe_last_was_team = 0;
+    static int moe_last_team = 0;  /* threads of the last call that sensed, 0 = none yet */
+    static int moe_width = 0;      /* the most threads a call may use now, 0 = all */
+    static int64_t moe_narrowed_calls = 0;  /* calls given fewer threads for the load */
+    /* Counting preemptions is a system call: calls closer together than this share one
+       count, and one decision. */
+    #define MOE_SAMPLE_NS 250000
+    static int64_t moe_last_sample_ns = 0;
 
-    static int moe_threads_for_load(int n) {
-        int64_t seen, now, backoff;
-        if (n <= 1 || !MOE_CAN_SENSE_LOAD) return n;
-        seen = moe_preemptions();
-        now = moe_now_ns();
-        if (seen < 0) return n;
-        if (MOE_LOAD(moe_last_was_team) && MOE_LOAD(moe_last_preemptions) >= 0) {
-            backoff = MOE_LOAD(moe_backoff_ns);
-            if (seen > MOE_LOAD(moe_last_preemptions)) {
-                MOE_STORE(moe_serial_until_ns, now + backoff);
-                backoff = backoff * 2 < moe_backoff_max_ns ? backoff * 2 : moe_backoff_max_ns;
-            } else {
+    static void moe_reset_load(void) {
+        MOE_STORE(moe_backoff_ns, moe_backoff_min_ns);
+        MOE_STORE(moe_hold_until_ns, 0);
+        MOE_STORE(moe_last_preemptions, -1);
+        MOE_STORE(moe_last_team, 0);
+        MOE_STORE(moe_width, 0);
+        MOE_STORE(moe_narrowed_calls, 0);
+        MOE_STORE(moe_last_sample_ns, 0);
+    }
+
+    /* threads for a call that may use n, having seen `seen` preemptions at time `now` */
+    static int moe_decide_threads(int n, int64_t seen, int64_t now) {
+        int w = MOE_LOAD(moe_width), team = MOE_LOAD(moe_last_team);
+        int64_t last = MOE_LOAD(moe_last_preemptions), backoff = MOE_LOAD(moe_backoff_ns);
+        if (w < 1 || w > n) w = n;
+        if (team > 1 && last >= 0) {
+            if ((seen - last) * 8 > team) {
+                w = team / 2;
+                MOE_STORE(moe_hold_until_ns, now + backoff);
+                backoff = backoff < moe_backoff_max_ns / 2 ? 2 * backoff : moe_backoff_max_ns;
+            } else if (team == n) {
                 backoff = moe_backoff_min_ns;
             }
             MOE_STORE(moe_backoff_ns, backoff);
         }
-        MOE_STORE(moe_last_preemptions, seen);
-        if (now < MOE_LOAD(moe_serial_until_ns)) {
-            MOE_STORE(moe_last_was_team, 0);
-            return 1;
+        if (w < n && now >= MOE_LOAD(moe_hold_until_ns)) {
+            w = 2 * w < n ? 2 * w : n;
+            MOE_STORE(moe_hold_until_ns, now + moe_backoff_min_ns);
         }
-        MOE_STORE(moe_last_was_team, 1);
-        return n;
+        MOE_STORE(moe_width, w);
+        MOE_STORE(moe_last_preemptions, seen);
+        MOE_STORE(moe_last_team, w);
+        if (w < n) MOE_STORE(moe_narrowed_calls, MOE_LOAD(moe_narrowed_calls) + 1);
+        return w;
+    }
+
+    static int moe_threads_for_load(int n) {
+        int64_t now, seen;
+        int w;
+        if (n <= 1 || !MOE_CAN_SENSE_LOAD) return n;
+        now = moe_now_ns();
+        w = MOE_LOAD(moe_width);
+        if (w >= 1 && w <= n && now - MOE_LOAD(moe_last_sample_ns) < MOE_SAMPLE_NS) {
+            if (w < n) MOE_STORE(moe_narrowed_calls, MOE_LOAD(moe_narrowed_calls) + 1);
+            return w;
+        }
+        seen = moe_preemptions();
+        if (seen < 0) return n;
+        MOE_STORE(moe_last_sample_ns, now);
+        return moe_decide_threads(n, seen, now);
     }
     """
     int moe_openmp_enabled() noexcept nogil
@@ -121,6 +155,9 @@ cdef extern from *:
     void moe_note_team() noexcept nogil
     int moe_watch_forks() noexcept nogil
     int moe_threads_for_load(int n) noexcept nogil
+    int moe_decide_threads(int n, int64_t seen, int64_t now) noexcept nogil
+    void moe_reset_load() noexcept nogil
+    int64_t moe_narrowed_calls
     bint MOE_CAN_SENSE_LOAD
     int64_t moe_backoff_min_ns
     int64_t moe_backoff_max_ns
@@ -136,7 +173,7 @@ cdef int _requested = 0
 # the most threads any call uses; see thread_limit()
 cdef int _limit = 1
 # False: the default count is used as it is, even while the cores are busy (for benchmarks)
-cdef bint _sense_load = False
+cdef bint _sense_load = True
 
 if moe_watch_forks() != 0:
     raise ImportError("moe_cpu: pthread_atfork failed; a forked child could hang")
@@ -196,9 +233,10 @@ def get_num_threads():
     -------
     int
         The count set by :func:`set_num_threads`, else OpenMP's default (``OMP_NUM_THREADS``
-        or the number of processors) clamped to :func:`thread_limit`. By default a call uses
-        one thread instead while other work keeps the processors busy. Always 1 without
-        OpenMP, and in a child made by ``fork()`` after this process ran parallel loops.
+        or the number of processors) clamped to :func:`thread_limit`, which a call uses when
+        the processors are free (by default it uses fewer, down to one, while other work
+        keeps them busy). Always 1 without OpenMP, and in a child made by ``fork()`` after
+        this process ran parallel loops.
     """
     if not moe_openmp_enabled() or moe_forked_after_team:
         return 1
@@ -215,8 +253,8 @@ def set_num_threads(n):
     n : int or None
         A thread count from 1 to :func:`thread_limit`, used by every later call as it is; or
         None to restore the default: OpenMP's (``OMP_NUM_THREADS`` or the number of
-        processors, clamped to :func:`thread_limit`), lowered to one thread while other work
-        keeps the processors busy. Ignored without OpenMP; in a child made by ``fork()``
+        processors, clamped to :func:`thread_limit`), lowered, down to one thread, while
+        other work keeps the processors busy. Ignored without OpenMP; in a child made by ``fork()``
         after this process ran parallel loops, loops stay serial whatever `n` is.
 
     Raises
@@ -245,9 +283,10 @@ def set_num_threads(n):
 
 
 def _set_load_sensing(enabled, backoff_min_s=None, backoff_max_s=None):
-    """Turn the default's load sensing on or off, or change its back-off (benchmarks, tests).
+    """Turn the default's load sensing on or off, or change its back-off; reset its state.
 
-    Returns the previous ``(enabled, backoff_min_s, backoff_max_s)``.
+    For benchmarks and tests. Returns the previous ``(enabled, backoff_min_s,
+    backoff_max_s)``.
     """
     global _sense_load, moe_backoff_min_ns, moe_backoff_max_ns
     previous = (bool(_sense_load), moe_backoff_min_ns / 1e9, moe_backoff_max_ns / 1e9)
@@ -256,7 +295,24 @@ def _set_load_sensing(enabled, backoff_min_s=None, backoff_max_s=None):
         moe_backoff_min_ns = int(backoff_min_s * 1e9)
     if backoff_max_s is not None:
         moe_backoff_max_ns = int(backoff_max_s * 1e9)
+    moe_reset_load()
     return previous
+
+
+def _narrowed_calls():
+    """Calls given fewer threads because the processors were busy, since the last reset."""
+    return moe_narrowed_calls
+
+
+def _decide_threads(n, preemptions, now_s):
+    """The load sensing's decision for `n` threads, given the preemptions seen so far at time
+    `now_s` (tests drive it with made-up values; it changes the state the calls use)."""
+    return moe_decide_threads(n, preemptions, int(now_s * 1e9))
+
+
+def _threads_now():
+    """What num_threads() gives the next call (it advances the load sensing like a call)."""
+    return num_threads()
 
 
 def _load_sensing_supported():

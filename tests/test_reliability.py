@@ -244,6 +244,133 @@ def test_omp_thread_limit_is_the_limit():
     assert_survived(done, "refused: n must be at most 3 ")
 
 
+# ------------------------------------------------------------------ 10: the cores are shared
+
+needs_load_sensing = pytest.mark.skipif(
+    not moe_cpu._parallel._load_sensing_supported(), reason="load sensing needs OpenMP on POSIX"
+)
+
+
+@pytest.fixture
+def load_sensing():
+    """The load sensing, reset, with its default back-off restored afterwards."""
+    previous = moe_cpu._parallel._set_load_sensing(True)
+    yield moe_cpu._parallel
+    moe_cpu._parallel._set_load_sensing(*previous)
+
+
+@needs_load_sensing
+def test_load_sensing_halves_backs_off_and_recovers(load_sensing):
+    """A preempted team is halved for a pause that doubles up to its cap, then grows back."""
+    load_sensing._set_load_sensing(True, backoff_min_s=0.010, backoff_max_s=0.040)
+    decide = load_sensing._decide_threads
+    steps = [  # (preemptions seen so far, time in s, threads wanted)
+        (0, 0.000, 4),  # the first call
+        (0, 0.001, 4),  # no preemption since the last team
+        (1, 0.002, 2),  # preempted: half the team, until 0.012
+        (1, 0.003, 2),
+        (2, 0.004, 1),  # preempted again: half again, until 0.024
+        (9, 0.010, 1),  # preemptions of serial calls do not count
+        (9, 0.025, 2),  # the pause is over: double, then one step per 10 ms
+        (9, 0.030, 2),
+        (9, 0.036, 4),
+        (9, 0.037, 4),  # all threads undisturbed: the pause is 10 ms again
+        (10, 0.038, 2),  # until 0.048
+        (10, 0.049, 4),
+        (11, 0.050, 2),  # 20 ms: until 0.070
+        (11, 0.069, 2),
+        (11, 0.071, 4),
+        (12, 0.072, 2),  # 40 ms, the cap: until 0.112
+        (12, 0.111, 2),
+        (12, 0.113, 4),
+        (12, 0.114, 4),
+        (13, 0.115, 2),  # 10 ms again: until 0.125
+        (13, 0.126, 4),
+    ]
+    got = [decide(4, seen, now) for seen, now, _ in steps]
+    assert got == [threads for _, _, threads in steps]
+    assert load_sensing._narrowed_calls() == sum(threads < 4 for _, _, threads in steps)
+
+
+@needs_load_sensing
+def test_load_sensing_ignores_a_few_preemptions_of_a_large_team(load_sensing):
+    decide = load_sensing._decide_threads
+    assert decide(16, 0, 0.000) == 16
+    assert decide(16, 2, 0.001) == 16  # 2 of 16 threads: noise
+    assert decide(16, 5, 0.002) == 8  # 3 of 16: more than one in eight
+
+
+@needs_load_sensing
+def test_explicit_thread_count_is_used_as_it_is(load_sensing):
+    load_sensing._set_load_sensing(True, backoff_min_s=60, backoff_max_s=60)
+    moe_cpu.set_num_threads(2)
+    assert [load_sensing._threads_now() for _ in range(3)] == [2, 2, 2]
+    moe_cpu.set_num_threads(None)
+    default = moe_cpu.get_num_threads()
+    now = time.monotonic()  # the clock of the load sensing
+    load_sensing._decide_threads(default, 0, now)
+    load_sensing._decide_threads(default, 1, now)  # serial for a minute
+    assert load_sensing._threads_now() < default or default == 1
+    assert moe_cpu.get_num_threads() == default  # the count in use when the cores are free
+
+
+@needs_load_sensing
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="pins two processors",
+)
+def test_shared_cores_never_much_slower_than_one_thread():
+    """Two processors, one busy loop on them: a default call takes at most 1.5x one thread.
+
+    A team of threads that wait for a processor stalls at every barrier (tens of times slower
+    than one thread); the default runs serially while this process's threads are preempted.
+    """
+    done = run_python(
+        """
+        import os, statistics, subprocess, sys, time
+        cpus = sorted(os.sched_getaffinity(0))[:2]
+        os.sched_setaffinity(0, cpus)
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        os.sched_setaffinity(hog.pid, cpus)
+        try:
+            import ml_dtypes, numpy as np
+            import moe_cpu
+            from moe_numba import moe_permute, moe_unpermute
+            rng = np.random.default_rng(0)
+            T, H, E, K = 256, 2048, 32, 8
+            x = rng.standard_normal((T, H), dtype=np.float32).astype(ml_dtypes.bfloat16)
+            rm = np.argsort(rng.random((T, E)), axis=1)[:, :K].astype(np.int32)
+            p = rng.random((T, K), dtype=np.float32)
+            counts = np.bincount(rm.ravel(), minlength=E).tolist()
+            rows, rowmap, rp, _ = moe_permute(x, None, rm, p, E, counts, 16)
+            calls = {
+                "permute": lambda: moe_permute(x, None, rm, p, E, counts, 16),
+                "unpermute": lambda: moe_unpermute(rows, rowmap, rm, rp, T, E,
+                                                   using_weighted_combine=True),
+            }
+            for name, call in calls.items():
+                times = {1: [], None: []}
+                end = time.monotonic() + 3
+                while time.monotonic() < end:
+                    for n in (1, None):  # interleaved: both see the same background
+                        moe_cpu.set_num_threads(n)
+                        start = time.perf_counter()
+                        call()
+                        times[n].append(time.perf_counter() - start)
+                ratio = statistics.median(times[None]) / statistics.median(times[1])
+                print(name, f"{ratio:.2f}", len(times[1]))
+            print("narrowed calls", moe_cpu._parallel._narrowed_calls())
+        finally:
+            hog.kill()
+            hog.wait()
+        """
+    )
+    assert_survived(done, "narrowed calls")
+    lines = dict(line.rsplit(" ", 2)[0:2] for line in done.stdout.splitlines()[:2])
+    for name, ratio in lines.items():
+        assert float(ratio) <= 1.5, f"{name}: {ratio}x one thread's time\n{done.stdout}"
+
+
 # ----------------------------------------------------------- 2: inputs rewritten during a call
 
 
