@@ -12,7 +12,7 @@ they equal its own table.
 
 from moe_cpu import _permute, _unpermute
 from moe_cpu._memory import cache_info, empty, empty_cache
-from moe_cpu._parallel import get_num_threads, openmp_enabled, set_num_threads
+from moe_cpu._parallel import get_num_threads, openmp_enabled, set_num_threads, thread_limit
 from moe_cpu._permute import permute
 from moe_cpu._unpermute import unpermute
 
@@ -29,5 +29,6 @@ __all__ = [
     "openmp_enabled",
     "permute",
     "set_num_threads",
+    "thread_limit",
     "unpermute",
 ]
