@@ -6,161 +6,34 @@ Three rules keep a call alive and fast whatever its environment (docs/threads.rs
 - a child made by ``fork()`` after this process ran a team of threads runs serially, because
   libgomp's thread pool belongs to the parent and a child that starts a team waits forever
   for threads that were not forked;
-- by default a call uses fewer threads, down to one, while the threads of this process are
-  being preempted (the processors are busy with other work): a team whose threads wait for
-  a processor stalls at every barrier, far slower than one thread.
+- by default a call uses fewer threads, down to one, while its caller keeps waiting for a
+  processor (the processors are busy with other work): a team whose threads wait for a
+  processor stalls at every barrier, far slower than one thread.
 """
 
 from cython.parallel cimport prange
 from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy
 
-# The OpenMP queries go through this shim rather than `cimport openmp`, so that the build
-# without OpenMP needs no omp.h.
-cdef extern from *:
-    """
-    #ifdef _OPENMP
-    #include <omp.h>
-    static int moe_openmp_enabled(void) { return 1; }
-    static int moe_omp_max_threads(void) { return omp_get_max_threads(); }
-    static int moe_omp_thread_limit(void) { return omp_get_thread_limit(); }
-    static int moe_omp_num_procs(void) { return omp_get_num_procs(); }
-    #else
-    static int moe_openmp_enabled(void) { return 0; }
-    static int moe_omp_max_threads(void) { return 1; }
-    static int moe_omp_thread_limit(void) { return 1; }
-    static int moe_omp_num_procs(void) { return 1; }
-    #endif
-
-    #if defined(__GNUC__)
-    #define MOE_LOAD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
-    #define MOE_STORE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
-    #else
-    #define MOE_LOAD(x) (x)
-    #define MOE_STORE(x, v) ((x) = (v))
-    #endif
-
-    /* A team of more than one thread started in this process (or in the parent it was
-       forked from); then, in a child made by fork, every loop runs on one thread. */
-    static int moe_team_started = 0;
-    static int moe_forked_after_team = 0;
-    static void moe_note_team(void) { MOE_STORE(moe_team_started, 1); }
-
-    #if defined(_OPENMP) && (defined(__unix__) || defined(__APPLE__))
-    #include <pthread.h>
-    #include <sys/resource.h>
-    #include <time.h>
-    static void moe_after_fork_in_child(void) {
-        if (moe_team_started) moe_forked_after_team = 1;
-    }
-    /* pthread_atfork, not os.register_at_fork: it also sees forks that bypass Python */
-    static int moe_watch_forks(void) {
-        return pthread_atfork(NULL, NULL, moe_after_fork_in_child);
-    }
-    static int64_t moe_now_ns(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-    }
-    /* involuntary context switches of all threads of this process, -1 if unknown */
-    static int64_t moe_preemptions(void) {
-        struct rusage u;
-        return getrusage(RUSAGE_SELF, &u) ? -1 : (int64_t)u.ru_nivcsw;
-    }
-    #define MOE_CAN_SENSE_LOAD 1
-    #else
-    static int moe_watch_forks(void) { return 0; }
-    static int64_t moe_now_ns(void) { return 0; }
-    static int64_t moe_preemptions(void) { return -1; }
-    #define MOE_CAN_SENSE_LOAD 0
-    #endif
-
-    /* Load sensing. After a call on w > 1 threads, more than w / 8 preemptions of the
-       threads of this process by the start of the next call mean that processors are
-       shared: the team is halved and held there for a pause, which doubles (up to its
-       maximum) each time a team is preempted again and resets once a call on all n threads
-       runs undisturbed. When a pause ends the team is doubled, one step per shortest pause.
-       The state is shared by all threads without a lock: a stale value only changes the
-       thread count of one call, never a result. */
-    static int64_t moe_backoff_min_ns = 10000000;    /* 10 ms */
-    static int64_t moe_backoff_max_ns = 1000000000;  /* 1 s */
-    static int64_t moe_backoff_ns = 10000000;
-    static int64_t moe_hold_until_ns = 0;
-    static int64_t moe_last_preemptions = -1;
-    static int moe_last_team = 0;  /* threads of the last call that sensed, 0 = none yet */
-    static int moe_width = 0;      /* the most threads a call may use now, 0 = all */
-    static int64_t moe_narrowed_calls = 0;  /* calls given fewer threads for the load */
-    /* Counting preemptions is a system call: calls closer together than this share one
-       count, and one decision. */
-    #define MOE_SAMPLE_NS 250000
-    static int64_t moe_last_sample_ns = 0;
-
-    static void moe_reset_load(void) {
-        MOE_STORE(moe_backoff_ns, moe_backoff_min_ns);
-        MOE_STORE(moe_hold_until_ns, 0);
-        MOE_STORE(moe_last_preemptions, -1);
-        MOE_STORE(moe_last_team, 0);
-        MOE_STORE(moe_width, 0);
-        MOE_STORE(moe_narrowed_calls, 0);
-        MOE_STORE(moe_last_sample_ns, 0);
-    }
-
-    /* threads for a call that may use n, having seen `seen` preemptions at time `now` */
-    static int moe_decide_threads(int n, int64_t seen, int64_t now) {
-        int w = MOE_LOAD(moe_width), team = MOE_LOAD(moe_last_team);
-        int64_t last = MOE_LOAD(moe_last_preemptions), backoff = MOE_LOAD(moe_backoff_ns);
-        if (w < 1 || w > n) w = n;
-        if (team > 1 && last >= 0) {
-            if ((seen - last) * 8 > team) {
-                w = team / 2;
-                MOE_STORE(moe_hold_until_ns, now + backoff);
-                backoff = backoff < moe_backoff_max_ns / 2 ? 2 * backoff : moe_backoff_max_ns;
-            } else if (team == n) {
-                backoff = moe_backoff_min_ns;
-            }
-            MOE_STORE(moe_backoff_ns, backoff);
-        }
-        if (w < n && now >= MOE_LOAD(moe_hold_until_ns)) {
-            w = 2 * w < n ? 2 * w : n;
-            MOE_STORE(moe_hold_until_ns, now + moe_backoff_min_ns);
-        }
-        MOE_STORE(moe_width, w);
-        MOE_STORE(moe_last_preemptions, seen);
-        MOE_STORE(moe_last_team, w);
-        if (w < n) MOE_STORE(moe_narrowed_calls, MOE_LOAD(moe_narrowed_calls) + 1);
-        return w;
-    }
-
-    static int moe_threads_for_load(int n) {
-        int64_t now, seen;
-        int w;
-        if (n <= 1 || !MOE_CAN_SENSE_LOAD) return n;
-        now = moe_now_ns();
-        w = MOE_LOAD(moe_width);
-        if (w >= 1 && w <= n && now - MOE_LOAD(moe_last_sample_ns) < MOE_SAMPLE_NS) {
-            if (w < n) MOE_STORE(moe_narrowed_calls, MOE_LOAD(moe_narrowed_calls) + 1);
-            return w;
-        }
-        seen = moe_preemptions();
-        if (seen < 0) return n;
-        MOE_STORE(moe_last_sample_ns, now);
-        return moe_decide_threads(n, seen, now);
-    }
-    """
-    int moe_openmp_enabled() noexcept nogil
-    int moe_omp_max_threads() noexcept nogil
-    int moe_omp_thread_limit() noexcept nogil
-    int moe_omp_num_procs() noexcept nogil
+# The C side (OpenMP queries, fork watch, load sensing) lives in _threads.h; without OpenMP it
+# needs no omp.h.
+cdef extern from "_threads.h" nogil:
+    ctypedef struct moe_load_state:
+        int64_t backoff_min_ns
+        int64_t backoff_max_ns
+        int64_t narrowed_calls
+    moe_load_state moe_load
+    int moe_openmp_enabled()
+    int moe_omp_max_threads()
+    int moe_omp_thread_limit()
+    int moe_omp_num_procs()
     int moe_forked_after_team
-    void moe_note_team() noexcept nogil
-    int moe_watch_forks() noexcept nogil
-    int moe_threads_for_load(int n) noexcept nogil
-    int moe_decide_threads(int n, int64_t seen, int64_t now) noexcept nogil
-    void moe_reset_load() noexcept nogil
-    int64_t moe_narrowed_calls
+    void moe_note_team()
+    int moe_watch_forks()
+    int moe_threads_for_load(int n)
+    int moe_decide_for_test(int n, int64_t wait, int64_t now)
+    void moe_reset_load()
     bint MOE_CAN_SENSE_LOAD
-    int64_t moe_backoff_min_ns
-    int64_t moe_backoff_max_ns
 
 # Threads per processor that a count may reach. Beyond the processors no loop of moe_cpu gets
 # faster (each one streams memory or splits fixed work), while every thread costs a stack and
@@ -283,31 +156,33 @@ def set_num_threads(n):
 
 
 def _set_load_sensing(enabled, backoff_min_s=None, backoff_max_s=None):
-    """Turn the default's load sensing on or off, or change its back-off; reset its state.
+    """Turn the default's load sensing on or off, or change its pauses; reset its state.
 
     For benchmarks and tests. Returns the previous ``(enabled, backoff_min_s,
     backoff_max_s)``.
     """
-    global _sense_load, moe_backoff_min_ns, moe_backoff_max_ns
-    previous = (bool(_sense_load), moe_backoff_min_ns / 1e9, moe_backoff_max_ns / 1e9)
+    global _sense_load
+    previous = (bool(_sense_load), moe_load.backoff_min_ns / 1e9, moe_load.backoff_max_ns / 1e9)
     _sense_load = bool(enabled)
     if backoff_min_s is not None:
-        moe_backoff_min_ns = int(backoff_min_s * 1e9)
+        moe_load.backoff_min_ns = int(backoff_min_s * 1e9)
     if backoff_max_s is not None:
-        moe_backoff_max_ns = int(backoff_max_s * 1e9)
+        moe_load.backoff_max_ns = int(backoff_max_s * 1e9)
     moe_reset_load()
     return previous
 
 
 def _narrowed_calls():
     """Calls given fewer threads because the processors were busy, since the last reset."""
-    return moe_narrowed_calls
+    return moe_load.narrowed_calls
 
 
-def _decide_threads(n, preemptions, now_s):
-    """The load sensing's decision for `n` threads, given the preemptions seen so far at time
-    `now_s` (tests drive it with made-up values; it changes the state the calls use)."""
-    return moe_decide_threads(n, preemptions, int(now_s * 1e9))
+def _decide_threads(n, wait_s, now_s):
+    """The load sensing's decision for `n` threads on a made-up sample: the caller's time on
+    a run queue so far, `wait_s` (None: unknown), at time `now_s` (for the tests; it moves
+    the state that the calls use)."""
+    wait = -1 if wait_s is None else int(wait_s * 1e9)
+    return moe_decide_for_test(n, wait, int(now_s * 1e9))
 
 
 def _threads_now():
@@ -316,7 +191,7 @@ def _threads_now():
 
 
 def _load_sensing_supported():
-    """Whether this build can see preemptions (OpenMP on a POSIX system)."""
+    """Whether this build can see its waits for a processor (OpenMP on Linux)."""
     return bool(MOE_CAN_SENSE_LOAD)
 
 

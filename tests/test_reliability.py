@@ -261,43 +261,57 @@ def load_sensing():
 
 @needs_load_sensing
 def test_load_sensing_halves_backs_off_and_recovers(load_sensing):
-    """A preempted team is halved for a pause that doubles up to its cap, then grows back."""
+    """A team whose caller waited for a processor is halved for a pause that doubles up to
+    its cap, and grows back when the pause is over."""
     load_sensing._set_load_sensing(True, backoff_min_s=0.010, backoff_max_s=0.040)
-    decide = load_sensing._decide_threads
-    steps = [  # (preemptions seen so far, time in s, threads wanted)
-        (0, 0.000, 4),  # the first call
-        (0, 0.001, 4),  # no preemption since the last team
-        (1, 0.002, 2),  # preempted: half the team, until 0.012
-        (1, 0.003, 2),
-        (2, 0.004, 1),  # preempted again: half again, until 0.024
-        (9, 0.010, 1),  # preemptions of serial calls do not count
-        (9, 0.025, 2),  # the pause is over: double, then one step per 10 ms
-        (9, 0.030, 2),
-        (9, 0.036, 4),
-        (9, 0.037, 4),  # all threads undisturbed: the pause is 10 ms again
-        (10, 0.038, 2),  # until 0.048
-        (10, 0.049, 4),
-        (11, 0.050, 2),  # 20 ms: until 0.070
-        (11, 0.069, 2),
-        (11, 0.071, 4),
-        (12, 0.072, 2),  # 40 ms, the cap: until 0.112
-        (12, 0.111, 2),
-        (12, 0.113, 4),
-        (12, 0.114, 4),
-        (13, 0.115, 2),  # 10 ms again: until 0.125
-        (13, 0.126, 4),
+    steps = [  # (time, the caller's wait on a run queue so far, threads wanted), in s
+        (0.000, 0.000, 4),  # the first call
+        (0.001, 0.000, 4),  # no wait since the last sample
+        (0.002, 0.001, 2),  # waited all the time: half the team, until 0.012
+        (0.003, 0.001, 2),
+        (0.004, 0.002, 1),  # again: half again, for 20 ms
+        (0.010, 0.002, 1),
+        (0.025, 0.002, 2),  # the pause is over: double, then one step per 10 ms
+        (0.030, 0.002, 2),
+        (0.036, 0.002, 4),
+        (0.037, 0.002, 4),  # all threads undisturbed: the pause is 10 ms again
+        (0.038, 0.003, 2),  # until 0.048
+        (0.049, 0.003, 4),
+        (0.050, 0.004, 2),  # 20 ms: until 0.070
+        (0.069, 0.004, 2),
+        (0.071, 0.004, 4),
+        (0.072, 0.005, 2),  # 40 ms, the cap: until 0.112
+        (0.111, 0.005, 2),
+        (0.113, 0.005, 4),
+        (0.114, 0.005, 4),
+        (0.115, 0.006, 2),  # 10 ms again: until 0.125
+        (0.126, 0.006, 4),
     ]
-    got = [decide(4, seen, now) for seen, now, _ in steps]
+    got = [load_sensing._decide_threads(4, wait, now) for now, wait, _ in steps]
     assert got == [threads for _, _, threads in steps]
     assert load_sensing._narrowed_calls() == sum(threads < 4 for _, _, threads in steps)
 
 
 @needs_load_sensing
-def test_load_sensing_ignores_a_few_preemptions_of_a_large_team(load_sensing):
-    decide = load_sensing._decide_threads
-    assert decide(16, 0, 0.000) == 16
-    assert decide(16, 2, 0.001) == 16  # 2 of 16 threads: noise
-    assert decide(16, 5, 0.002) == 8  # 3 of 16: more than one in eight
+def test_load_sensing_extends_a_busy_pause(load_sensing):
+    """A caller that keeps waiting for a processor during a pause starts a longer one."""
+    load_sensing._set_load_sensing(True, backoff_min_s=0.010, backoff_max_s=0.040)
+    steps = [
+        (0.000, 0.000, 2),
+        (0.010, 0.001, 2),  # waited 10 % of the time: fine
+        (0.020, 0.005, 1),  # 40 %: halved, until 0.030
+        (0.025, 0.006, 1),
+        (0.031, 0.008, 1),  # waited 3 of the pause's 11 ms (> 1/8): 20 ms more
+        (0.052, 0.009, 2),  # 1 of 21 ms: the team again
+        (0.060, 0.009, 2),
+    ]
+    got = [load_sensing._decide_threads(2, wait, now) for now, wait, _ in steps]
+    assert got == [threads for _, _, threads in steps]
+
+
+@needs_load_sensing
+def test_load_sensing_without_samples_keeps_the_team(load_sensing):
+    assert [load_sensing._decide_threads(2, None, t / 1000) for t in range(5)] == [2] * 5
 
 
 @needs_load_sensing
@@ -308,8 +322,8 @@ def test_explicit_thread_count_is_used_as_it_is(load_sensing):
     moe_cpu.set_num_threads(None)
     default = moe_cpu.get_num_threads()
     now = time.monotonic()  # the clock of the load sensing
-    load_sensing._decide_threads(default, 0, now)
-    load_sensing._decide_threads(default, 1, now)  # serial for a minute
+    load_sensing._decide_threads(default, 0.0, now)
+    load_sensing._decide_threads(default, 1.0, now + 0.001)  # waited: fewer for a minute
     assert load_sensing._threads_now() < default or default == 1
     assert moe_cpu.get_num_threads() == default  # the count in use when the cores are free
 
