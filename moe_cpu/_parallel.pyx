@@ -107,8 +107,8 @@ def get_num_threads():
     int
         The count set by :func:`set_num_threads`, else OpenMP's default (``OMP_NUM_THREADS``
         or the number of processors) clamped to :func:`thread_limit`, which a call uses when
-        the processors are free (by default it uses fewer, down to one, while other work
-        keeps them busy). Always 1 without OpenMP, and in a child made by ``fork()`` after
+        the processors are free (by default, on Linux, it uses fewer, down to one, while
+        other work keeps them busy). Always 1 without OpenMP, and in a child made by ``fork()`` after
         this process ran parallel loops.
     """
     if not moe_openmp_enabled() or moe_forked_after_team:
@@ -126,8 +126,8 @@ def set_num_threads(n):
     n : int or None
         A thread count from 1 to :func:`thread_limit`, used by every later call as it is; or
         None to restore the default: OpenMP's (``OMP_NUM_THREADS`` or the number of
-        processors, clamped to :func:`thread_limit`), lowered, down to one thread, while
-        other work keeps the processors busy. Ignored without OpenMP; in a child made by ``fork()``
+        processors, clamped to :func:`thread_limit`), lowered on Linux, down to one thread,
+        while other work keeps the processors busy. Ignored without OpenMP; in a child made by ``fork()``
         after this process ran parallel loops, loops stay serial whatever `n` is.
 
     Raises
