@@ -60,17 +60,20 @@ def _compute_limit():
 _limit, _PROCESSORS = _compute_limit()
 
 
-cdef int num_threads() noexcept nogil:
-    """Threads for the parallel loops of the call that asks now."""
-    cdef int n
+cdef inline int _count() noexcept nogil:
+    """The count set, else OpenMP's default clamped to the limit; 1 where loops are serial."""
     if not moe_openmp_enabled() or moe_forked_after_team:
         return 1
     if _requested > 0:
-        n = _requested
-    else:
-        n = min(max(1, moe_omp_max_threads()), _limit)
-        if _sense_load:
-            n = moe_threads_for_load(n)
+        return _requested
+    return min(max(1, moe_omp_max_threads()), _limit)
+
+
+cdef int num_threads() noexcept nogil:
+    """Threads for the parallel loops of the call that asks now."""
+    cdef int n = _count()
+    if n > 1 and _requested == 0 and _sense_load:
+        n = moe_threads_for_load(n)
     if n > 1:
         moe_note_team()
     return n
@@ -107,15 +110,11 @@ def get_num_threads():
     int
         The count set by :func:`set_num_threads`, else OpenMP's default (``OMP_NUM_THREADS``
         or the number of processors) clamped to :func:`thread_limit`, which a call uses when
-        the processors are free (by default it uses fewer, down to one, while other work
-        keeps them busy). Always 1 without OpenMP, and in a child made by ``fork()`` after
-        this process ran parallel loops.
+        the processors are free (by default, on Linux, it uses fewer, down to one, while
+        other work keeps them busy). Always 1 without OpenMP, and in a child made by
+        ``fork()`` after this process ran parallel loops.
     """
-    if not moe_openmp_enabled() or moe_forked_after_team:
-        return 1
-    if _requested > 0:
-        return _requested
-    return min(max(1, moe_omp_max_threads()), _limit)
+    return _count()
 
 
 def set_num_threads(n):
@@ -126,9 +125,10 @@ def set_num_threads(n):
     n : int or None
         A thread count from 1 to :func:`thread_limit`, used by every later call as it is; or
         None to restore the default: OpenMP's (``OMP_NUM_THREADS`` or the number of
-        processors, clamped to :func:`thread_limit`), lowered, down to one thread, while
-        other work keeps the processors busy. Ignored without OpenMP; in a child made by ``fork()``
-        after this process ran parallel loops, loops stay serial whatever `n` is.
+        processors, clamped to :func:`thread_limit`), lowered on Linux, down to one thread,
+        while other work keeps the processors busy. Ignored without OpenMP; in a child made
+        by ``fork()`` after this process ran parallel loops, loops stay serial whatever `n`
+        is.
 
     Raises
     ------
