@@ -93,7 +93,7 @@ extensions = [
         libraries=libraries,
     )
     for name, depends in [
-        ("_parallel", ["_parallel.pxd"]),
+        ("_parallel", ["_parallel.pxd", "_threads.h"]),
         ("_memory", []),
         ("_permute", ["_common.pxd", "_parallel.pxd"]),
         ("_unpermute", ["_common.pxd", "_parallel.pxd", "_combine.h"]),

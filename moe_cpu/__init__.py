@@ -13,7 +13,7 @@ they equal its own table.
 from moe_cpu import _backward, _permute, _sort_chunks, _unpermute
 from moe_cpu._backward import permute_backward_probs, unpermute_backward
 from moe_cpu._memory import cache_info, empty, empty_cache
-from moe_cpu._parallel import get_num_threads, openmp_enabled, set_num_threads
+from moe_cpu._parallel import get_num_threads, openmp_enabled, set_num_threads, thread_limit
 from moe_cpu._permute import permute
 from moe_cpu._sort_chunks import sort_chunks
 from moe_cpu._unpermute import unpermute
@@ -38,6 +38,7 @@ __all__ = [
     "permute_backward_probs",
     "set_num_threads",
     "sort_chunks",
+    "thread_limit",
     "unpermute",
     "unpermute_backward",
 ]

@@ -12,6 +12,34 @@ ctypedef fused index_t:
     int32_t
     int64_t
 
+# An input may be rewritten by another thread while a call reads it (SPEC.md section 3: the
+# call may compute garbage, never index out of bounds). Every id or row number that indexes
+# memory is therefore loaded once, through these, into a local that is checked and then
+# used: a plain load of the same element may legally be repeated by the compiler, and the
+# second load would bypass the check. A relaxed atomic load is a plain move on x86-64 and
+# AArch64; it only forbids the compiler to split, repeat or drop it.
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define MOE_LOAD_ONCE(type, p) __atomic_load_n((p), __ATOMIC_RELAXED)
+    #else
+    #define MOE_LOAD_ONCE(type, p) (*(const volatile type *)(p))
+    #endif
+    static inline int64_t moe_load_i32(const int32_t *p) { return MOE_LOAD_ONCE(int32_t, p); }
+    static inline int64_t moe_load_i64(const int64_t *p) { return MOE_LOAD_ONCE(int64_t, p); }
+    """
+    int64_t load_i32 "moe_load_i32"(const int32_t* p) noexcept nogil
+    int64_t load_i64 "moe_load_i64"(const int64_t* p) noexcept nogil
+
+
+cdef inline int64_t load_id(const index_t* ids, int64_t i) noexcept nogil:
+    """``ids[i]``, loaded once (an id that indexes memory: see above)."""
+    if index_t is int32_t:
+        return load_i32(ids + i)
+    else:
+        return load_i64(ids + i)
+
+
 # moe_permute's status words
 cdef enum:
     PERMUTE_BAD_ID = 0

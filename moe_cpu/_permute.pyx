@@ -20,6 +20,10 @@ stage of their own.
 
 Tokens are split into chunks of a fixed size (independent of the thread count), so every stage
 gives the same result with any number of threads.
+
+An id is loaded once into a local, checked there and indexed with; place loads it again and
+checks it again (a caller that rewrites the routing map during the call gets garbage, never
+an access out of bounds).
 """
 
 from cython.parallel cimport parallel, prange, threadid
@@ -37,6 +41,7 @@ from moe_cpu._common cimport (
     PERMUTE_ROWS_NEEDED,
     PERMUTE_STATUS_LEN,
     index_t,
+    load_id,
     shape_error,
 )
 from moe_cpu._parallel cimport num_threads
@@ -152,7 +157,7 @@ cdef void _count(Plan* p, const index_t* routemap, int nthreads) noexcept nogil:
         for t in range(t0, t1):
             for k in range(p.K):
                 slot = t * p.K + k
-                e = routemap[slot]
+                e = load_id(routemap, slot)
                 p.counted[slot] = 0
                 if e == -1:
                     continue
@@ -233,7 +238,11 @@ cdef void _place(Plan* p, const index_t* routemap, int32_t* rowmap, int nthreads
                 slot = t * p.K + k
                 if not p.counted[slot]:
                     continue
-                e = routemap[slot]
+                # read again, so checked again: a caller that rewrites the routing map during
+                # the call may have changed the id that count checked
+                e = load_id(routemap, slot)
+                if e < 0 or e >= p.E:
+                    continue
                 r = rank[e]
                 rank[e] = r + 1
                 # offset may be saturated: compare r with R - offset, not offset + r with R

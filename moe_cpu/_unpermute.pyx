@@ -9,6 +9,9 @@ combine
     arithmetic of one token is in _combine.h, in C, so that it can be compiled for AVX2/FMA
     next to a baseline version), then the probability of each of its slots.
 
+Every row number and id is loaded once into a local, checked there and indexed with (a
+caller that rewrites an input during the call gets garbage, never an access out of bounds).
+
 The GPU kernels (``moe_numba.kernels``) run the check as kernels of their own beside the
 combine; here it rides along the combine's reading of the same entries.
 """
@@ -27,6 +30,8 @@ from moe_cpu._common cimport (
     UNPERMUTE_BAD_ROW_VALUE,
     UNPERMUTE_STATUS_LEN,
     index_t,
+    load_i32,
+    load_id,
     shape_error,
 )
 from moe_cpu._parallel cimport num_threads
@@ -108,7 +113,7 @@ cdef void _combine(Combine* c, const index_t* routemap, int nthreads) noexcept n
             nsrc = 0
             for e in range(c.E):
                 flat = t * c.E + e
-                r = c.rowmap[flat]
+                r = load_i32(c.rowmap + flat)
                 if r < -1 or r >= c.R:
                     if st[2] < 0:
                         st[2] = flat
@@ -121,14 +126,14 @@ cdef void _combine(Combine* c, const index_t* routemap, int nthreads) noexcept n
                               src_probs, nsrc, acc, c.out_hidden + t * c.H * c.elem_size)
             for k in range(c.K):
                 flat = t * c.K + k
-                e = routemap[flat]
+                e = load_id(routemap, flat)
                 w = 0.0
                 if e < -1 or e >= c.E:
                     if st[0] < 0:
                         st[0] = flat
                         st[1] = e
                 elif e >= 0:
-                    r = c.rowmap[t * c.E + e]
+                    r = load_i32(c.rowmap + t * c.E + e)  # (read again: checked again)
                     if r >= 0 and r < c.R:
                         w = c.probs[r]
                 c.out_probs[flat] = w

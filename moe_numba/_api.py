@@ -17,7 +17,7 @@ from ._contract import (
     raise_for_unpermute_status,
     with_capacities,
 )
-from ._dispatch import call_key, check_arrays, locate
+from ._dispatch import call_key, check_arrays, check_given, locate
 from ._libraries import array_library
 
 Array: TypeAlias = Any
@@ -39,14 +39,16 @@ def _metadata(arrays):
 
 
 def _prepare(calls, arrays, scalars, check_metadata):
-    """(backend, plan) of a call: where its arrays live, its metadata checked, contiguity and
-    device checked, in that order; remembered by :func:`call_key` (errors never are).
+    """(backend, plan) of a call: every required array given, where its arrays live, its
+    metadata checked, contiguity and device checked, in that order; remembered by
+    :func:`call_key` (errors never are).
 
     ``arrays`` is the op's arrays NamedTuple (its field names name the arguments in errors);
     ``scalars`` maps the names of the other arguments that the checks read to their values.
     """
 
     def prepare():
+        check_given(arrays)
         named = arrays._asdict()
         location = locate(named)
         plan = check_metadata(_metadata(arrays), **scalars)

@@ -47,13 +47,17 @@ class BoundedCache(Generic[V]):
         return value
 
     def get_or_compute(self, key: Hashable | None, compute: Callable[[], V]) -> V:
-        """``compute()``, remembered under ``key``; a None key is never remembered.
+        """``compute()``, remembered under ``key``; a None key, or one that cannot be hashed
+        (a tuple that holds a list or an array), is never remembered.
 
         Exceptions from ``compute`` propagate and nothing is stored for them.
         """
         if key is None:
             return compute()
-        value = self._data.get(key)
+        try:
+            value = self._data.get(key)
+        except TypeError:  # unhashable
+            return compute()
         if value is None:
             value = self.put(key, compute())
         return value

@@ -10,6 +10,7 @@ by :func:`raise_for_permute_status` and :func:`raise_for_unpermute_status`.
 from __future__ import annotations
 
 import numbers
+import operator
 from typing import NamedTuple
 
 import ml_dtypes
@@ -40,6 +41,11 @@ ROUTEMAP_DTYPES = frozenset((np.dtype(np.int32), np.dtype(np.int64)))
 FLOAT32 = frozenset((np.dtype(np.float32),))
 INT32 = frozenset((np.dtype(np.int32),))
 
+INT64_MAX = 2**63 - 1
+# zipped_expertwise_rowmap holds row numbers as int32: every call has fewer rows than this
+MAX_ROWS = 2**31 - 1
+ROWMAP_INT32 = "zipped_expertwise_rowmap holds int32 row numbers"
+
 # A training loop repeats the same metadata and often the same capacities: their checks run once.
 _capacity_plans = BoundedCache(256)  # (metadata plan, tokens_per_expert) -> plan with rows
 
@@ -55,13 +61,22 @@ def check_bool(name, value):
     return bool(value)
 
 
-def check_int(name, value, minimum):
-    """``value`` must be an integer (not a bool) >= ``minimum``; returns it as ``int``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+def check_int(name, value, minimum, maximum=INT64_MAX, why="int64"):
+    """``value`` must be an integer (not a bool) in [``minimum``, ``maximum``]; returns it
+    as ``int``. ``why`` says where the maximum comes from."""
+    if not _is_int(value):
         raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}")
+    value = operator.index(value)  # exact: NumPy's unsigned values keep their value
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}; got {value}")
-    return int(value)
+    if value > maximum:
+        raise ValueError(f"{name} must be at most {_power_text(maximum)} ({why}); got {value}")
+    return value
+
+
+def _power_text(maximum):
+    """``2**31 - 1`` for 2147483647: the limits as a reader knows them."""
+    return f"2**{maximum.bit_length()} - 1" if (maximum + 1) & maximum == 0 else str(maximum)
 
 
 def check_dtype(name, dtype, allowed):
@@ -104,7 +119,22 @@ def capacities_from(tokens_per_expert, num_experts):
         raise TypeError(
             f"tokens_per_expert must be a sequence of ints; got {tokens_per_expert!r}"
         ) from error
-    if values.dtype == np.bool_ or not (
+    given_array = isinstance(tokens_per_expert, np.ndarray)
+    if values.ndim > 1 and not given_array:
+        raise TypeError(
+            "tokens_per_expert must be a flat sequence of ints; got a sequence of sequences "
+            f"(shape {values.shape})"
+        )
+    if (
+        values.ndim == 1
+        and values.dtype.kind in "fO"
+        and not given_array
+        and all(map(_is_int, tokens_per_expert))
+    ):
+        # ints that no NumPy integer type holds together (past uint64, or 2**63 next to a
+        # negative) come out as objects or floats: check them as the ints given
+        values = np.array([operator.index(x) for x in tokens_per_expert], dtype=object)
+    elif values.dtype == np.bool_ or not (
         np.issubdtype(values.dtype, np.integer) or values.size == 0
     ):
         raise TypeError(
@@ -121,7 +151,18 @@ def capacities_from(tokens_per_expert, num_experts):
         raise ValueError(
             f"tokens_per_expert must be >= 0; got tokens_per_expert[{e}] = {int(values[e])}"
         )
+    if values.size and values.max() > INT64_MAX:  # uint64, or Python ints
+        e = int(np.argmax(values))
+        raise ValueError(
+            f"tokens_per_expert must be at most 2**63 - 1 (int64); got "
+            f"tokens_per_expert[{e}] = {int(values[e])}"
+        )
     return values.astype(np.int64)
+
+
+def _is_int(x):
+    """Whether ``x`` is an integer and not a bool (Python's or NumPy's)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
 
 
 class ArrayMeta(NamedTuple):
@@ -139,21 +180,6 @@ class PermuteArrays(NamedTuple):
     scale: object | None
     expert_routemap_topk: object
     expert_prob_topk: object
-
-
-class PermuteOutputs(NamedTuple):
-    """The outputs of one ``moe_permute`` call (``indices`` None unless asked for)."""
-
-    hidden: object
-    rowmap: object
-    probs: object
-    scale: object
-    indices: object | None
-
-    def result(self):
-        """The tuple ``moe_permute`` returns: ``expert_indices`` last, only when asked for."""
-        head = (self.hidden, self.rowmap, self.probs, self.scale)
-        return head if self.indices is None else (*head, self.indices)
 
 
 class UnpermuteArrays(NamedTuple):
@@ -221,8 +247,23 @@ def _capacities_key(plan, tokens_per_expert):
 
 def _plan_rows(plan, tokens_per_expert):
     capacities = capacities_from(tokens_per_expert, plan.num_experts)
-    num_rows = int((-(-capacities // plan.alignment) * plan.alignment).sum())
+    num_rows = _rows_needed(capacities, plan.alignment)
+    if num_rows > MAX_ROWS:
+        raise ValueError(
+            f"tokens_per_expert padded to multiples of padding_alignment = {plan.alignment} "
+            f"need {num_rows} rows; at most 2**31 - 1 are possible ({ROWMAP_INT32})"
+        )
     return plan._replace(capacities=capacities, num_rows=num_rows)
+
+
+def _rows_needed(capacities, alignment):
+    """``sum_e ceil(n_e / A) * A`` for int64 capacities ``n_e`` >= 0, exact (a Python int:
+    with large capacities or alignments the sum passes what int64 holds)."""
+    if capacities.size == 0:
+        return 0
+    if (int(capacities.max()) + alignment) * capacities.size <= INT64_MAX:  # (the usual case)
+        return int((-(-capacities // alignment) * alignment).sum())
+    return sum(-(-n // alignment) * alignment for n in capacities.tolist())
 
 
 def check_permute_metadata(
@@ -249,7 +290,7 @@ def check_permute_metadata(
     check_bool("validate", validate)
     num_experts = check_int("num_experts", num_experts, 1)
     alignment = check_int("padding_alignment", padding_alignment, 1)
-    override = check_int("override_buffer_size", override_buffer_size, -1)
+    override = check_int("override_buffer_size", override_buffer_size, -1, MAX_ROWS, ROWMAP_INT32)
 
     hidden_shape, hidden_dtype = arrays.hidden_states
     check_ndim("hidden_states", hidden_shape, 2, "[num_tokens, hidden]")
@@ -289,6 +330,8 @@ def check_permute_metadata(
             "got None"
         )
 
+    if override >= 0:
+        _check_padded_counts(alignment, num_experts, num_tokens, topk)
     return PermutePlan(
         num_tokens=num_tokens,
         hidden=hidden,
@@ -303,6 +346,19 @@ def check_permute_metadata(
         do_gather=do_gather,
         return_expert_indices=return_expert_indices,
     )
+
+
+def _check_padded_counts(alignment, num_experts, num_tokens, topk):
+    """Under ``override_buffer_size`` the GPU pads the counts it finds in int64: refuse an
+    alignment with which they could pass it. At most ``pairs = T * min(K, E)`` (token, expert)
+    pairs count, in at most ``min(E, pairs)`` experts: ``pairs + min(E, pairs) * (A - 1)``
+    rows always suffice."""
+    pairs = num_tokens * min(topk, num_experts)
+    if pairs + min(num_experts, pairs) * (alignment - 1) > INT64_MAX:
+        raise ValueError(
+            f"padding_alignment = {alignment} is too large: {pairs} (token, expert) pairs "
+            "padded to it could need more than 2**63 - 1 rows (int64)"
+        )
 
 
 class UnpermutePlan(NamedTuple):
@@ -385,27 +441,6 @@ def check_unpermute_metadata(
         weighted=weighted,
         mix_precision=mix_precision,
     )
-
-
-def permute_outputs(plan, empty):
-    """Allocate the outputs of ``moe_permute`` with ``empty(shape, dtype)``."""
-    rows = plan.num_rows if plan.do_gather else 0
-    hidden = empty((rows, plan.hidden), plan.hidden_dtype)
-    rowmap = empty((plan.num_tokens, plan.num_experts), np.int32)
-    probs = empty((plan.num_rows,), np.float32)
-    if plan.gather_scale:
-        scale = empty((plan.num_rows, plan.scale_width), plan.scale_dtype)
-    else:
-        scale = empty((0,), np.float32)
-    indices = empty((plan.num_rows,), np.int32) if plan.return_expert_indices else None
-    return PermuteOutputs(hidden, rowmap, probs, scale, indices)
-
-
-def unpermute_outputs(plan, empty):
-    """Allocate the outputs of ``moe_unpermute`` with ``empty(shape, dtype)``."""
-    hidden = empty((plan.num_tokens, plan.hidden), plan.dtype)
-    probs = empty((plan.num_tokens, plan.topk), np.float32)
-    return hidden, probs
 
 
 def _token_slot(flat, width):

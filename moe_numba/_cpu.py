@@ -13,9 +13,10 @@ import numpy as np
 import moe_cpu
 
 from . import _abi
-from ._contract import UnpermuteArrays, permute_outputs, unpermute_outputs
+from ._contract import UnpermuteArrays
 from ._contract_backward import unpermute_backward_outputs
 from ._contract_sort import sort_outputs
+from ._outputs import permute_outputs, unpermute_outputs
 
 # moe_cpu is compiled apart from this package: it must agree on the numbers they exchange
 _abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, moe_cpu.DATA_TYPES)

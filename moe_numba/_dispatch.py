@@ -1,4 +1,5 @@
-"""Which backend runs a call, whether its arrays can go there, and what its checks depend on.
+"""Which backend runs a call, whether its arrays are given and can go there, and what its
+checks depend on.
 
 A call's arrays are either all NumPy arrays (CPU backend) or all CUDA arrays of one library
 (GPU backend). Every object is looked at through :func:`moe_numba._libraries.classify`, the
@@ -6,6 +7,9 @@ one classifier, so an object passes :func:`locate` exactly when an adapter serve
 """
 
 from __future__ import annotations
+
+import functools
+import typing
 
 from ._libraries import array_library, classify, refusal_hint, served_type
 
@@ -20,6 +24,23 @@ def _refusal(name, x):
         f"{name} must be a NumPy array or a CUDA array (torch CUDA tensor, CuPy array, numba "
         f"device array or other __cuda_array_interface__ object); got {_name_of(x)}"
         + refusal_hint(name, x)
+    )
+
+
+def check_given(arrays):
+    """Every array of ``arrays`` (an op's arrays NamedTuple) must be given unless its field
+    is annotated ``... | None``: ``TypeError`` naming the first that is None."""
+    optional = _optional_fields(type(arrays))
+    for name, x in zip(arrays._fields, arrays, strict=True):
+        if x is None and name not in optional:
+            raise TypeError(f"{name} must be a NumPy array or a CUDA array; got None")
+
+
+@functools.cache
+def _optional_fields(arrays_type):
+    hints = typing.get_type_hints(arrays_type)
+    return frozenset(
+        name for name in arrays_type._fields if type(None) in typing.get_args(hints[name])
     )
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 from ._cache import BoundedCache
-from ._contract import permute_outputs, unpermute_outputs
 from ._contract_sort import sort_outputs
 from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError
 from ._libraries import array_library
+from ._outputs import permute_outputs, unpermute_outputs
 
 _BACKEND = None
 

@@ -269,13 +269,20 @@ def _make_combine(key):
             cnt += _valid(r0, R) + _valid(r1, R) + _valid(r2, R) + _valid(r3, R)
             e += 4
         q, n = block_exclusive_scan_i64(cnt, tmp)
+        qe = min(q + cnt, int64(LMAX))  # the end of this thread's entries
         e = eb
-        while e < ee and q < LMAX:  # (rereads hit L1)
+        while e < ee and q < qe:  # (rereads hit L1)
             r = int64(rowmap[f0 + e])
             if r >= 0 and r < R:
                 lst_row[q] = r
                 q += 1
             e += 1
+        # Fewer valid rows than counted: another writer (a kernel on another stream, the
+        # host through mapped memory) changed the rowmap since. Every entry stays a row
+        # (row 0: cnt > 0 means R > 0); the output is garbage, no load leaves the rows.
+        while q < qe:
+            lst_row[q] = 0
+            q += 1
 
         # 2) expert_prob_topk
         k = tid

@@ -114,7 +114,9 @@ def place(
     d = int64(-1)
     rank = slot_rank[g]
     e = int64(routemap[g])  # (loaded with the rank, not after it)
-    if rank >= 0:
+    # e is checked again: count checked the id it read, and another writer (a kernel on
+    # another stream, the host through mapped memory) may have changed it since
+    if rank >= 0 and e >= 0 and e < E:
         row = offsets[e] + counts[chunk * E + e] + rank
         if row < lim[e]:
             d = row
