@@ -11,6 +11,7 @@ words exactly like the host check. With ``validate=False`` bad device sizes foll
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 import numpy as np
@@ -71,6 +72,15 @@ def host_ints(name, values):
             f"{name} must be a host sequence of ints (list, tuple or NumPy array); got a CUDA "
             f"array ({type(values).__name__})"
         )
+    if isinstance(values, (list, tuple)) and all(
+        isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in values
+    ):
+        # checked as the ints given (NumPy turns 2**63 next to a small int into a float)
+        for c, v in enumerate(values):
+            if not -(2**63) <= int(v) < 2**63:
+                raise ValueError(
+                    f"{name} must be at most 2**63 - 1 (int64); got {name}[{c}] = {int(v)}"
+                )
     try:
         array = np.asarray(values)
     except Exception as error:  # e.g. a ragged nested list
@@ -82,6 +92,11 @@ def host_ints(name, values):
         )
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D [num_chunks]; got shape {array.shape}")
+    if array.size and array.dtype.kind == "u" and array.max() > np.iinfo(np.int64).max:
+        c = int(np.argmax(array))
+        raise ValueError(
+            f"{name} must be at most 2**63 - 1 (int64); got {name}[{c}] = {int(array[c])}"
+        )
     return tuple(array.astype(np.int64).tolist())
 
 

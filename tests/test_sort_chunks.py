@@ -362,8 +362,8 @@ ERRORS = [
     (
         "split_sizes",
         [2**70, 1, 3],
-        TypeError,
-        r"split_sizes must hold ints \(int64 range\); got dtype object",
+        ValueError,
+        rf"split_sizes must be at most 2\*\*63 - 1 \(int64\); got split_sizes\[0\] = {2**70}",
     ),
     ("split_sizes", [2, -1, 3], ValueError, r"split_sizes must be >= 0; got split_sizes\[1\] = -1"),
     (
@@ -438,3 +438,10 @@ def test_device_sizes_errors(backend, sizes, error, message):
     dev = backend.to_device
     with pytest.raises(error, match=message):
         moe_sort_chunks(dev(np.zeros((6, 2), np.float32)), dev(sizes), [2, 0, 1])
+
+
+@pytest.mark.parametrize("size", [2**63, 2**64 - 1])
+def test_sizes_past_int64_are_refused_as_given(size):
+    x = np.zeros((4, 2), np.float32)
+    with pytest.raises(ValueError, match=rf"split_sizes\[0\] = {size}$"):
+        moe_sort_chunks(x, [size, 1], [0, 1])
