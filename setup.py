@@ -79,6 +79,7 @@ extensions = [
         ("_memory", []),
         ("_permute", ["_parallel.pxd"]),
         ("_unpermute", ["_parallel.pxd", "_combine.h"]),
+        ("_backward", ["_parallel.pxd", "_combine.h", "_backward.h"]),
     ]
 ]
 

@@ -10,7 +10,15 @@ Importing this package does not import numba, torch or CuPy.
 """
 
 from ._api import moe_permute, moe_unpermute
+from ._api_backward import moe_permute_backward, moe_unpermute_backward
 from ._errors import GPUUnavailableError
 
-__all__ = ["GPUUnavailableError", "moe_permute", "moe_unpermute", "__version__"]
+__all__ = [
+    "GPUUnavailableError",
+    "moe_permute",
+    "moe_permute_backward",
+    "moe_unpermute",
+    "moe_unpermute_backward",
+    "__version__",
+]
 __version__ = "0.1.0"

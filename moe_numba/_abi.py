@@ -39,3 +39,12 @@ DATA_FLOAT16 = 2
 CANONICAL_NAN_FLOAT32 = 0x7FC00000
 CANONICAL_NAN_BFLOAT16 = 0x7FC0
 CANONICAL_NAN_FLOAT16 = 0x7E00
+
+# moe_permute_backward: the UNPERMUTE_* slots above (UNPERMUTE_STATUS_LEN words); it checks
+# the same two maps.
+# moe_unpermute_backward: the UNPERMUTE_* slots, then a row that two valid rowmap entries
+# name (the forward moe_permute never writes that; the row's gradients are then zero).
+UNPERMUTE_BACKWARD_DUPLICATE_ROW = 4  # smallest such row
+UNPERMUTE_BACKWARD_DUPLICATE_FIRST = 5  # smallest flat rowmap entry naming it
+UNPERMUTE_BACKWARD_DUPLICATE_SECOND = 6  # the next flat entry naming it
+UNPERMUTE_BACKWARD_STATUS_LEN = 7

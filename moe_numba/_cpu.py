@@ -64,3 +64,76 @@ def unpermute(plan, arrays, validate):
         plan.mix_precision,
     )
     return (hidden, slot_probs), (status if validate else None)
+
+
+# The gradient ops (SPEC.md section 5), the same interface.
+
+from moe_cpu import _backward  # noqa: E402
+
+from ._contract_backward import (  # noqa: E402
+    permute_backward_outputs,
+    unpermute_backward_outputs,
+)
+
+
+def _check_backward_slots():
+    """moe_cpu's gradient kernels must write the status slots that _abi names."""
+    differ = {
+        name: (slot, getattr(_abi, name, None))
+        for name, slot in _backward.STATUS_SLOTS.items()
+        if getattr(_abi, name, None) != slot
+    }
+    if differ:
+        raise ImportError(
+            f"moe_cpu._backward and moe_numba._abi disagree on status slots "
+            f"(name: (moe_cpu, _abi)): {differ}"
+        )
+
+
+_check_backward_slots()
+
+
+def _bytes_or_none(x):
+    return None if x is None else _as_bytes(x)
+
+
+def permute_backward(plan, arrays, validate, empty=moe_cpu.empty):
+    """Run ``moe_permute_backward`` on NumPy arrays (see the module docstring); ``empty``
+    allocates the outputs."""
+    hidden, probs = permute_backward_outputs(plan, empty)
+    status = np.empty(_abi.UNPERMUTE_STATUS_LEN, dtype=np.int64)
+    moe_cpu.permute_backward(
+        _bytes_or_none(arrays.grad_hidden_states_unzipped),
+        arrays.grad_token_prob_unzipped,
+        arrays.zipped_expertwise_rowmap,
+        arrays.expert_routemap_topk,
+        _bytes_or_none(hidden),
+        probs,
+        status,
+        data_type=plan.data_type if plan.grad_hidden else _abi.DATA_FLOAT32,  # no rows: unused
+        num_rows=plan.num_rows,
+    )
+    return (hidden, probs), (status if validate else None)
+
+
+def unpermute_backward(plan, arrays, validate, empty=moe_cpu.empty):
+    """Run ``moe_unpermute_backward`` on NumPy arrays (see the module docstring); ``empty``
+    allocates the outputs."""
+    rows, probs = unpermute_backward_outputs(plan, empty)
+    status = np.empty(_abi.UNPERMUTE_BACKWARD_STATUS_LEN, dtype=np.int64)
+    row_probs = arrays.token_prob_unzipped
+    moe_cpu.unpermute_backward(
+        _bytes_or_none(arrays.grad_hidden_states),
+        arrays.grad_expert_prob_topk,
+        _bytes_or_none(arrays.hidden_states_unzipped) if plan.dot else None,
+        arrays.zipped_expertwise_rowmap,
+        arrays.expert_routemap_topk,
+        None if row_probs is None else row_probs.reshape(-1),
+        _bytes_or_none(rows),
+        probs,
+        status,
+        data_type=plan.data_type if plan.grad_hidden else _abi.DATA_FLOAT32,  # no rows: unused
+        weighted=plan.weighted,
+        num_rows=plan.num_rows,
+    )
+    return (rows, probs), (status if validate else None)

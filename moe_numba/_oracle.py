@@ -225,3 +225,152 @@ def unpermute(
             if 0 <= expert < num_experts and row_of(t, expert) >= 0:
                 prob_topk[t, k] = probs[row_of(t, expert)]
     return (combined, prob_topk), status
+
+
+# The gradients (SPEC.md section 5). The value rules of both are moe_unpermute's, so its
+# oracle gives their status words; permute_backward's data gradient *is* its unweighted
+# combine.
+
+WARP_LANES = 32
+
+
+def warp_dot(x, y):
+    """Float32 dot products of the rows ``x[i]`` and ``y[i]`` in the order of
+    docs/gradients.rst.
+
+    Element h belongs to lane ``(h // V) % 32`` with ``V = 16 // itemsize`` (the lanes of a
+    warp reading 16-byte words); each lane starts at +0.0 and takes ``fma(x, y, acc)`` over
+    its elements in ascending h; then, for ``off`` = 16, 8, 4, 2, 1, every lane adds the lane
+    ``l ^ off`` to itself. The result is lane 0, NaN made canonical.
+    """
+    x = np.asarray(x)
+    y = np.asarray(y)
+    num, hidden = x.shape
+    elements_per_word = 16 // x.dtype.itemsize
+    lanes = np.zeros((num, WARP_LANES), dtype=np.float32)
+    for h in range(hidden):
+        lane = (h // elements_per_word) % WARP_LANES
+        lanes[:, lane] = fma_float32(x[:, h], y[:, h], lanes[:, lane])
+    for off in (16, 8, 4, 2, 1):
+        with np.errstate(invalid="ignore", over="ignore"):
+            lanes = lanes + lanes[:, np.arange(WARP_LANES) ^ off]
+    return round_to(np.float32, lanes[:, 0])
+
+
+def permute_backward(
+    grad_hidden_states_unzipped,
+    grad_token_prob_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+):
+    """Reference ``moe_permute_backward`` on NumPy arrays (either gradient may be None, not
+    both).
+
+    Returns ``((grad_hidden_states, grad_expert_prob_topk), status)`` with the int64 status
+    words ``_abi.UNPERMUTE_*``.
+    """
+    rowmap = np.asarray(zipped_expertwise_rowmap)
+    routemap = np.asarray(expert_routemap_topk)
+    num_tokens, num_experts = rowmap.shape
+    grad_rows = grad_hidden_states_unzipped
+    if grad_rows is None:
+        num_rows = np.asarray(grad_token_prob_unzipped).shape[0]
+        grad_rows = np.zeros((num_rows, 0), dtype=np.float32)
+    grad_rows = np.asarray(grad_rows)
+    num_rows = grad_rows.shape[0]
+    (grad_hidden, _), status = unpermute(
+        grad_rows, rowmap, routemap, np.zeros(num_rows, np.float32), num_tokens, num_experts
+    )
+    if grad_hidden_states_unzipped is None:
+        grad_hidden = None
+
+    grad_prob = None
+    if grad_token_prob_unzipped is not None:
+        row_bits = np.asarray(grad_token_prob_unzipped, dtype=np.float32).view(np.uint32)
+        grad_prob = np.zeros(routemap.shape, dtype=np.float32)
+        for t in range(num_tokens):
+            routes, _, _ = routed_experts(routemap[t], num_experts)  # expert -> counted slot
+            for expert, k in routes.items():
+                row = int(rowmap[t, expert])
+                if 0 <= row < num_rows:
+                    grad_prob.view(np.uint32)[t, k] = row_bits[row]  # a copy: every bit kept
+    return (grad_hidden, grad_prob), status
+
+
+def unpermute_backward(
+    grad_hidden_states,
+    grad_expert_prob_topk,
+    hidden_states_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+    token_prob_unzipped,
+    using_weighted_combine,
+    num_rows,
+):
+    """Reference ``moe_unpermute_backward`` on NumPy arrays (None as the public function
+    allows).
+
+    Returns ``((grad_hidden_states_unzipped, grad_token_prob_unzipped), status)`` with the
+    int64 status words ``_abi.UNPERMUTE_*`` and ``_abi.UNPERMUTE_BACKWARD_*``.
+    """
+    rowmap = np.asarray(zipped_expertwise_rowmap)
+    routemap = np.asarray(expert_routemap_topk)
+    num_tokens, num_experts = rowmap.shape
+    _, map_status = unpermute(
+        np.zeros((num_rows, 0), np.float32),
+        rowmap,
+        routemap,
+        np.zeros(num_rows, np.float32),
+        num_tokens,
+        num_experts,
+    )
+    status = np.full(_abi.UNPERMUTE_BACKWARD_STATUS_LEN, -1, dtype=np.int64)
+    status[: _abi.UNPERMUTE_STATUS_LEN] = map_status
+
+    # the (token, expert) pair of each row; a row named twice has none
+    pair_of_row, twice = {}, {}
+    for t in range(num_tokens):
+        for expert in range(num_experts):
+            row = int(rowmap[t, expert])
+            if not 0 <= row < num_rows or row in twice:
+                continue
+            if row in pair_of_row:
+                first = pair_of_row.pop(row)
+                twice[row] = (first[0] * num_experts + first[1], t * num_experts + expert)
+            else:
+                pair_of_row[row] = (t, expert)
+    if twice:
+        row = min(twice)
+        status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW] = row
+        status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_FIRST] = twice[row][0]
+        status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_SECOND] = twice[row][1]
+
+    grad_rows = grad_prob = None
+    dots = {}  # row -> the dot-product term of its probability gradient
+    if grad_hidden_states is not None:
+        dy = np.asarray(grad_hidden_states)
+        grad_rows = np.zeros((num_rows, dy.shape[1]), dtype=dy.dtype)
+        if using_weighted_combine:
+            probs = np.asarray(token_prob_unzipped, dtype=np.float32).reshape(-1)
+            rows = sorted(pair_of_row)
+            tokens = [pair_of_row[r][0] for r in rows]
+            xu = np.asarray(hidden_states_unzipped)
+            dots = dict(zip(rows, warp_dot(dy[tokens], xu[rows]), strict=True))
+    if grad_hidden_states is not None or grad_expert_prob_topk is not None:
+        grad_prob = np.zeros(num_rows, dtype=np.float32)
+    for row, (t, expert) in pair_of_row.items():
+        if grad_rows is not None:
+            if using_weighted_combine:
+                with np.errstate(invalid="ignore", over="ignore"):
+                    grad_rows[row] = round_to(dy.dtype, dy[t].astype(np.float32) * probs[row])
+            else:
+                grad_rows[row] = dy[t]  # a copy: every bit kept
+        if grad_prob is not None:
+            d = dots.get(row, np.float32(0.0))
+            if grad_expert_prob_topk is not None:
+                for k in range(routemap.shape[1]):  # every slot filled from this row
+                    if int(routemap[t, k]) == expert:
+                        with np.errstate(invalid="ignore", over="ignore"):
+                            d = d + np.float32(grad_expert_prob_topk[t, k])
+            grad_prob[row] = round_to(np.float32, d)
+    return (grad_rows, grad_prob), status

@@ -1,0 +1,451 @@
+"""The gradients of moe_permute and moe_unpermute on the CPU (SPEC.md section 5).
+
+``permute_backward`` is the unweighted combine (_combine.h), tokens in parallel, plus the
+probability of each token's counted slots. ``unpermute_backward`` works row by row: a serial
+pass over the row map finds the (token, expert) pair of every row (and the rows named twice),
+then rows in parallel gather their token's gradient and take the dot product of _backward.h.
+Every output element is computed by one thread from the same inputs whatever the thread
+count, and the status words are reduced in a fixed order: the results never depend on the
+number of threads, and no atomics are needed.
+
+The status layout is ``STATUS_SLOTS`` (names of ``moe_numba._abi``, which checks it at import).
+"""
+
+from cython.parallel cimport prange, threadid
+from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy, memset
+
+from moe_cpu._parallel cimport num_threads
+
+cdef extern from "_backward.h" nogil:
+    int MOE_DATA_FLOAT32
+    int MOE_DATA_BFLOAT16
+    int MOE_DATA_FLOAT16
+    int MOE_COMBINE_BLOCK
+    void moe_combine_token(int dtype, int weighted, int mix_precision, const void* rows,
+                           int64_t H, const int64_t* src_rows, const float* src_probs,
+                           int64_t nsrc, float* acc, void* out)
+    float moe_warp_dot(int dtype, const void* x, const void* y, int64_t H)
+    void moe_scale_row(int dtype, const void* x, float p, void* out, int64_t H)
+    void moe_store(void* out, int64_t i, float v, int dtype)
+
+cdef enum:
+    # both ops (the layout of moe_unpermute's status)
+    BAD_ID = 0  # smallest flat routing-map slot outside [-1, E)
+    BAD_ID_VALUE = 1
+    BAD_ROW = 2  # smallest flat row-map entry outside [-1, R)
+    BAD_ROW_VALUE = 3
+    PERMUTE_BACKWARD_STATUS_LEN = 4
+    # unpermute_backward only: the smallest row named by two valid entries, and those entries
+    DUPLICATE_ROW = 4
+    DUPLICATE_FIRST = 5
+    DUPLICATE_SECOND = 6
+    UNPERMUTE_BACKWARD_STATUS_LEN = 7
+
+STATUS_SLOTS = {
+    "UNPERMUTE_BAD_ID": BAD_ID,
+    "UNPERMUTE_BAD_ID_VALUE": BAD_ID_VALUE,
+    "UNPERMUTE_BAD_ROW": BAD_ROW,
+    "UNPERMUTE_BAD_ROW_VALUE": BAD_ROW_VALUE,
+    "UNPERMUTE_STATUS_LEN": PERMUTE_BACKWARD_STATUS_LEN,
+    "UNPERMUTE_BACKWARD_DUPLICATE_ROW": DUPLICATE_ROW,
+    "UNPERMUTE_BACKWARD_DUPLICATE_FIRST": DUPLICATE_FIRST,
+    "UNPERMUTE_BACKWARD_DUPLICATE_SECOND": DUPLICATE_SECOND,
+    "UNPERMUTE_BACKWARD_STATUS_LEN": UNPERMUTE_BACKWARD_STATUS_LEN,
+}
+
+ctypedef fused index_t:
+    int32_t
+    int64_t
+
+cdef enum:
+    TOKEN_CHUNK = 16  # tokens per work item of permute_backward (status is kept per chunk)
+    ROW_CHUNK = 64  # rows per work item of unpermute_backward
+
+
+cdef int64_t _element_size(int data_type) except -1:
+    if data_type == MOE_DATA_FLOAT32:
+        return 4
+    if data_type == MOE_DATA_BFLOAT16 or data_type == MOE_DATA_FLOAT16:
+        return 2
+    raise ValueError(f"data_type must be DATA_FLOAT32, DATA_BFLOAT16 or DATA_FLOAT16; got {data_type}")
+
+
+cdef int _need(bint ok, str what) except -1:
+    if not ok:
+        raise ValueError(what)
+    return 0
+
+
+cdef struct PermuteGrad:
+    int64_t T, K, E, R, H, row_bytes
+    int dtype
+    const char* grad_rows  # [R, H] or NULL (no data gradient)
+    const float* grad_probs  # [R] or NULL (no probability gradient)
+    const int32_t* rowmap
+    char* out_hidden
+    float* out_probs
+    # per chunk: first bad routing slot, its id, first bad row-map entry, its value
+    int64_t* chunk_status
+    # per thread: accumulator [MOE_COMBINE_BLOCK] float, rows [E] int64, last token that
+    # named each expert [E] int64, zero weights [E] float
+    char* scratch
+    int64_t scratch_stride
+
+
+cdef void _permute_grad(PermuteGrad* c, const index_t* routemap, int nthreads) noexcept nogil:
+    cdef int64_t ch, t, e, k, r, nsrc, flat
+    cdef int64_t nchunks = (c.T + TOKEN_CHUNK - 1) // TOKEN_CHUNK
+    cdef float* acc
+    cdef int64_t* src_rows
+    cdef int64_t* seen
+    cdef float* zeros
+    cdef int64_t* st
+    cdef float w
+    # dynamic: a thread that shares its core with another process does less of the work
+    for ch in prange(nchunks, num_threads=nthreads, schedule="dynamic"):
+        acc = <float*>(c.scratch + threadid() * c.scratch_stride)
+        src_rows = <int64_t*>(acc + MOE_COMBINE_BLOCK)
+        seen = src_rows + c.E
+        zeros = <float*>(seen + c.E)
+        for e in range(c.E):
+            seen[e] = -1
+        st = c.chunk_status + 4 * ch
+        st[0] = -1
+        st[1] = -1
+        st[2] = -1
+        st[3] = -1
+        for t in range(ch * TOKEN_CHUNK, min(ch * TOKEN_CHUNK + TOKEN_CHUNK, c.T)):
+            # the token's rows in ascending expert id (bad entries count as -1)
+            nsrc = 0
+            for e in range(c.E):
+                flat = t * c.E + e
+                r = c.rowmap[flat]
+                if r < -1 or r >= c.R:
+                    if st[2] < 0:
+                        st[2] = flat
+                        st[3] = r
+                elif r >= 0:
+                    src_rows[nsrc] = r
+                    nsrc = nsrc + 1
+            if c.grad_rows != NULL:
+                moe_combine_token(c.dtype, 0, 1, c.grad_rows, c.H, src_rows, zeros, nsrc, acc,
+                                  c.out_hidden + t * c.row_bytes)
+            for k in range(c.K):
+                flat = t * c.K + k
+                e = routemap[flat]
+                w = 0.0
+                if e < -1 or e >= c.E:
+                    if st[0] < 0:
+                        st[0] = flat
+                        st[1] = e
+                elif e >= 0 and seen[e] != t:  # k is the counted slot of (t, e)
+                    seen[e] = t
+                    r = c.rowmap[t * c.E + e]
+                    if r >= 0 and r < c.R and c.grad_probs != NULL:
+                        w = c.grad_probs[r]  # a copy: every bit kept
+                if c.out_probs != NULL:
+                    c.out_probs[flat] = w
+
+
+def permute_backward(
+    const uint8_t[:, ::1] grad_rows,  # IN  [R, H * size] or None
+    const float[::1] grad_probs,  # IN  [R] or None
+    const int32_t[:, ::1] rowmap,  # IN  [T, E]
+    const index_t[:, ::1] routemap,  # IN  [T, K]
+    uint8_t[:, ::1] out_hidden,  # OUT [T, H * size], given with grad_rows
+    float[:, ::1] out_probs,  # OUT [T, K], given with grad_probs
+    int64_t[::1] status,  # OUT [UNPERMUTE_STATUS_LEN]
+    *,
+    int data_type,
+    int64_t num_rows,
+):
+    """Backend of ``moe_permute_backward``: fill the preallocated outputs and the status words.
+
+    Shapes are checked (a mismatch raises ``ValueError``); values may be anything: row-map
+    entries outside [-1, R) and routing ids outside [-1, E) are treated as -1.
+
+    Parameters
+    ----------
+    grad_rows : numpy.ndarray or None
+        uint8 ``[R, H * size]``: the raw bytes of the gradient rows.
+    grad_probs : numpy.ndarray or None
+        float32 ``[R]`` gradient of each row's probability.
+    rowmap : numpy.ndarray
+        int32 ``[T, E]`` row of each (token, expert), -1 = none.
+    routemap : numpy.ndarray
+        int32 or int64 ``[T, K]`` expert ids.
+    out_hidden : numpy.ndarray or None
+        uint8 ``[T, H * size]``, required with `grad_rows`.
+    out_probs : numpy.ndarray or None
+        float32 ``[T, K]``, required with `grad_probs`.
+    status : numpy.ndarray
+        int64, at least ``STATUS_SLOTS["UNPERMUTE_STATUS_LEN"]`` words.
+    data_type : int
+        ``DATA_FLOAT32``, ``DATA_BFLOAT16`` or ``DATA_FLOAT16`` of the rows.
+    num_rows : int
+        R, the rows of `grad_rows` and `grad_probs`.
+
+    Raises
+    ------
+    ValueError
+        For a bad `data_type` or inconsistent shapes.
+    """
+    cdef PermuteGrad c
+    cdef int nthreads = num_threads()
+    cdef int64_t size = _element_size(data_type)
+    cdef int64_t i, ch, nchunks
+    c.T = rowmap.shape[0]
+    c.E = rowmap.shape[1]
+    c.K = routemap.shape[1]
+    c.R = num_rows
+    c.dtype = data_type
+    _need(routemap.shape[0] == c.T, "routemap must have as many rows as rowmap")
+    _need(status.shape[0] >= PERMUTE_BACKWARD_STATUS_LEN, "status is too short")
+    _need((grad_rows is None) == (out_hidden is None), "grad_rows and out_hidden go together")
+    _need((grad_probs is None) == (out_probs is None), "grad_probs and out_probs go together")
+    c.grad_rows = NULL
+    c.out_hidden = NULL
+    c.H = 0
+    c.row_bytes = 0
+    if grad_rows is not None:
+        c.row_bytes = grad_rows.shape[1]
+        c.H = c.row_bytes // size
+        _need(grad_rows.shape[0] == c.R and c.H * size == c.row_bytes and c.H > 0,
+              "grad_rows must be [num_rows, H * element size] with H >= 1")
+        _need(out_hidden.shape[0] == c.T and out_hidden.shape[1] == c.row_bytes,
+              "out_hidden must have T rows of the bytes of a grad_rows row")
+        c.grad_rows = <const char*>&grad_rows[0, 0]
+        c.out_hidden = <char*>&out_hidden[0, 0]
+    c.grad_probs = NULL
+    c.out_probs = NULL
+    if grad_probs is not None:
+        _need(grad_probs.shape[0] == c.R, "grad_probs must have num_rows entries")
+        _need(out_probs.shape[0] == c.T and out_probs.shape[1] == c.K, "out_probs must be [T, K]")
+        c.grad_probs = &grad_probs[0]
+        c.out_probs = &out_probs[0, 0]
+    c.rowmap = &rowmap[0, 0]
+    nchunks = (c.T + TOKEN_CHUNK - 1) // TOKEN_CHUNK
+    # 64-byte multiples so that the threads' scratch never shares a cache line
+    c.scratch_stride = (4 * MOE_COMBINE_BLOCK + 20 * c.E + 63) // 64 * 64
+    cdef char* scratch = <char*>calloc(nthreads * c.scratch_stride + 64, 1)
+    c.chunk_status = <int64_t*>malloc((4 * nchunks + 1) * sizeof(int64_t))
+    try:
+        if scratch == NULL or c.chunk_status == NULL:
+            raise MemoryError("moe_cpu.permute_backward: out of memory for the scratch buffers")
+        c.scratch = scratch + (-<size_t>scratch) % 64
+        with nogil:
+            _permute_grad(&c, &routemap[0, 0], nthreads)
+            for i in range(PERMUTE_BACKWARD_STATUS_LEN):
+                status[i] = -1
+            for ch in range(nchunks):  # chunk order: the smallest flat index is reported
+                if status[BAD_ID] < 0 and c.chunk_status[4 * ch] >= 0:
+                    status[BAD_ID] = c.chunk_status[4 * ch]
+                    status[BAD_ID_VALUE] = c.chunk_status[4 * ch + 1]
+                if status[BAD_ROW] < 0 and c.chunk_status[4 * ch + 2] >= 0:
+                    status[BAD_ROW] = c.chunk_status[4 * ch + 2]
+                    status[BAD_ROW_VALUE] = c.chunk_status[4 * ch + 3]
+    finally:
+        free(scratch)
+        free(c.chunk_status)
+
+
+cdef struct UnpermuteGrad:
+    int64_t T, K, E, R, H, row_bytes
+    int dtype
+    bint weighted
+    const char* grad_hidden  # [T, H] or NULL (no row gradient, no dot product)
+    const float* grad_probs  # [T, K] or NULL
+    const char* rows  # [R, H], read for the dot product (weighted with grad_hidden)
+    const float* probs  # [R], read for the weighted row gradient
+    const int32_t* rowmap
+    # the flat row-map entry t * E + e of each row's pair; -1: none, -2: named twice
+    int64_t* owner
+    char* out_rows  # [R, H] or NULL
+    float* out_probs  # [R] or NULL
+
+
+cdef void _find_owners(UnpermuteGrad* c, int64_t* status) noexcept nogil:
+    """Serial, in flat order: so the first bad entry and the first two entries naming a
+    row are found without atomics, and a row named twice is known before any row is
+    written."""
+    cdef int64_t flat, r
+    for r in range(c.R):
+        c.owner[r] = -1
+    for flat in range(c.T * c.E):
+        r = c.rowmap[flat]
+        if r < -1 or r >= c.R:
+            if status[BAD_ROW] < 0:
+                status[BAD_ROW] = flat
+                status[BAD_ROW_VALUE] = r
+        elif r >= 0:
+            if c.owner[r] == -1:
+                c.owner[r] = flat
+            elif c.owner[r] >= 0:
+                if status[DUPLICATE_ROW] < 0 or r < status[DUPLICATE_ROW]:
+                    status[DUPLICATE_ROW] = r
+                    status[DUPLICATE_FIRST] = c.owner[r]
+                    status[DUPLICATE_SECOND] = flat
+                c.owner[r] = -2
+
+
+cdef void _check_ids(const index_t* routemap, int64_t n, int64_t E,
+                     int64_t* status) noexcept nogil:
+    cdef int64_t flat
+    for flat in range(n):
+        if routemap[flat] < -1 or routemap[flat] >= E:
+            status[BAD_ID] = flat
+            status[BAD_ID_VALUE] = routemap[flat]
+            return
+
+
+cdef void _unpermute_grad(UnpermuteGrad* c, const index_t* routemap,
+                          int nthreads) noexcept nogil:
+    cdef int64_t ch, r, f, t, e, k
+    cdef int64_t nchunks = (c.R + ROW_CHUNK - 1) // ROW_CHUNK
+    cdef float d
+    cdef const char* dy
+    for ch in prange(nchunks, num_threads=nthreads, schedule="dynamic"):
+        for r in range(ch * ROW_CHUNK, min(ch * ROW_CHUNK + ROW_CHUNK, c.R)):
+            f = c.owner[r]
+            if f < 0:  # padding, unfilled, or named twice: +0.0
+                if c.out_rows != NULL:
+                    memset(c.out_rows + r * c.row_bytes, 0, c.row_bytes)
+                if c.out_probs != NULL:
+                    c.out_probs[r] = 0.0
+                continue
+            t = f // c.E
+            e = f - t * c.E
+            dy = NULL
+            if c.grad_hidden != NULL:
+                dy = c.grad_hidden + t * c.row_bytes
+            if c.out_rows != NULL:
+                if c.weighted:
+                    moe_scale_row(c.dtype, dy, c.probs[r], c.out_rows + r * c.row_bytes, c.H)
+                else:
+                    memcpy(c.out_rows + r * c.row_bytes, dy, c.row_bytes)
+            if c.out_probs != NULL:
+                d = 0.0
+                if c.weighted and c.grad_hidden != NULL:
+                    d = moe_warp_dot(c.dtype, dy, c.rows + r * c.row_bytes, c.H)
+                if c.grad_probs != NULL:
+                    for k in range(c.K):  # every slot the forward filled from this row
+                        if routemap[t * c.K + k] == e:
+                            d = d + c.grad_probs[t * c.K + k]
+                moe_store(c.out_probs, r, d, MOE_DATA_FLOAT32)
+
+
+def unpermute_backward(
+    const uint8_t[:, ::1] grad_hidden,  # IN  [T, H * size] or None
+    const float[:, ::1] grad_probs,  # IN  [T, K] or None
+    const uint8_t[:, ::1] rows,  # IN  [R, H * size]; may be None unless weighted with grad_hidden
+    const int32_t[:, ::1] rowmap,  # IN  [T, E]
+    const index_t[:, ::1] routemap,  # IN  [T, K]
+    const float[::1] probs,  # IN  [R]; may be None unless weighted with grad_hidden
+    uint8_t[:, ::1] out_rows,  # OUT [R, H * size], given with grad_hidden
+    float[::1] out_probs,  # OUT [R] or None
+    int64_t[::1] status,  # OUT [UNPERMUTE_BACKWARD_STATUS_LEN]
+    *,
+    int data_type,
+    bint weighted,
+    int64_t num_rows,
+):
+    """Backend of ``moe_unpermute_backward``: fill the preallocated outputs and the status.
+
+    Shapes are checked (a mismatch raises ``ValueError``); values may be anything: row-map
+    entries outside [-1, R) and routing ids outside [-1, E) are treated as -1, and a row
+    named by two valid entries gets zero gradients.
+
+    Parameters
+    ----------
+    grad_hidden : numpy.ndarray or None
+        uint8 ``[T, H * size]``: the raw bytes of the gradient of the combined rows.
+    grad_probs : numpy.ndarray or None
+        float32 ``[T, K]`` gradient of the per-slot probabilities.
+    rows : numpy.ndarray or None
+        uint8 ``[R, H * size]``: the forward's input rows, read by the dot product.
+    rowmap : numpy.ndarray
+        int32 ``[T, E]`` row of each (token, expert), -1 = none.
+    routemap : numpy.ndarray
+        int32 or int64 ``[T, K]`` expert ids.
+    probs : numpy.ndarray or None
+        float32 ``[R]`` probability of each row.
+    out_rows : numpy.ndarray or None
+        uint8 ``[R, H * size]``, required with `grad_hidden`.
+    out_probs : numpy.ndarray or None
+        float32 ``[R]``.
+    status : numpy.ndarray
+        int64, at least ``STATUS_SLOTS["UNPERMUTE_BACKWARD_STATUS_LEN"]`` words.
+    data_type : int
+        ``DATA_FLOAT32``, ``DATA_BFLOAT16`` or ``DATA_FLOAT16`` of the rows.
+    weighted : bool
+        Whether the forward combine was weighted.
+    num_rows : int
+        R.
+
+    Raises
+    ------
+    ValueError
+        For a bad `data_type`, a missing input or inconsistent shapes.
+    """
+    cdef UnpermuteGrad c
+    cdef int nthreads = num_threads()
+    cdef int64_t size = _element_size(data_type)
+    cdef int64_t i
+    cdef bint dot = weighted and grad_hidden is not None and out_probs is not None
+    c.T = rowmap.shape[0]
+    c.E = rowmap.shape[1]
+    c.K = routemap.shape[1]
+    c.R = num_rows
+    c.dtype = data_type
+    c.weighted = weighted
+    _need(routemap.shape[0] == c.T, "routemap must have as many rows as rowmap")
+    _need(status.shape[0] >= UNPERMUTE_BACKWARD_STATUS_LEN, "status is too short")
+    _need((grad_hidden is None) == (out_rows is None), "grad_hidden and out_rows go together")
+    c.grad_hidden = NULL
+    c.out_rows = NULL
+    c.rows = NULL
+    c.probs = NULL
+    c.H = 0
+    c.row_bytes = 0
+    if grad_hidden is not None:
+        c.row_bytes = grad_hidden.shape[1]
+        c.H = c.row_bytes // size
+        _need(grad_hidden.shape[0] == c.T and c.H * size == c.row_bytes and c.H > 0,
+              "grad_hidden must be [T, H * element size] with H >= 1")
+        _need(out_rows.shape[0] == c.R and out_rows.shape[1] == c.row_bytes,
+              "out_rows must have num_rows rows of the bytes of a grad_hidden row")
+        c.grad_hidden = <const char*>&grad_hidden[0, 0]
+        c.out_rows = <char*>&out_rows[0, 0]
+        if weighted:
+            _need(probs is not None and probs.shape[0] == c.R,
+                  "probs must have num_rows entries when weighted")
+            c.probs = &probs[0]
+    if dot:
+        _need(rows is not None and rows.shape[0] == c.R and rows.shape[1] == c.row_bytes,
+              "rows must have the shape of out_rows when weighted")
+        c.rows = <const char*>&rows[0, 0]
+    c.grad_probs = NULL
+    if grad_probs is not None:
+        _need(out_probs is not None, "grad_probs needs out_probs")
+        _need(grad_probs.shape[0] == c.T and grad_probs.shape[1] == c.K,
+              "grad_probs must be [T, K]")
+        c.grad_probs = &grad_probs[0, 0]
+    c.out_probs = NULL
+    if out_probs is not None:
+        _need(out_probs.shape[0] == c.R, "out_probs must have num_rows entries")
+        c.out_probs = &out_probs[0]
+    c.rowmap = &rowmap[0, 0]
+    c.owner = <int64_t*>malloc((c.R + 1) * sizeof(int64_t))
+    try:
+        if c.owner == NULL:
+            raise MemoryError("moe_cpu.unpermute_backward: out of memory for the row owners")
+        with nogil:
+            for i in range(UNPERMUTE_BACKWARD_STATUS_LEN):
+                status[i] = -1
+            _find_owners(&c, &status[0])
+            _check_ids(&routemap[0, 0], c.T * c.K, c.E, &status[0])
+            _unpermute_grad(&c, &routemap[0, 0], nthreads)
+    finally:
+        free(c.owner)

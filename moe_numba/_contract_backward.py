@@ -1,0 +1,304 @@
+"""The metadata rules of the two gradient ops (SPEC.md section 5), their plans and the wording
+of their value errors.
+
+As in :mod:`moe_numba._contract`, everything here looks at shapes, dtypes and Python scalars
+only; the backends report bad values as status words (:mod:`moe_numba._abi`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _abi
+from ._contract import (
+    COMBINE_DTYPES,
+    FLOAT8_DTYPES,
+    FLOAT32,
+    INT32,
+    ROUTEMAP_DTYPES,
+    check_bool,
+    check_dtype,
+    check_int,
+    check_ndim,
+    check_shape,
+    raise_for_unpermute_status,
+)
+
+
+class PermuteBackwardArrays(NamedTuple):
+    """The array arguments of one ``moe_permute_backward`` call (gradients may be None)."""
+
+    grad_hidden_states_unzipped: object | None
+    grad_token_prob_unzipped: object | None
+    zipped_expertwise_rowmap: object
+    expert_routemap_topk: object
+
+
+class UnpermuteBackwardArrays(NamedTuple):
+    """The array arguments of one ``moe_unpermute_backward`` call (see its docstring for
+    which may be None)."""
+
+    grad_hidden_states: object | None
+    grad_expert_prob_topk: object | None
+    hidden_states_unzipped: object | None
+    zipped_expertwise_rowmap: object
+    expert_routemap_topk: object
+    token_prob_unzipped: object | None
+
+
+class PermuteBackwardPlan(NamedTuple):
+    """Shapes of one ``moe_permute_backward`` call."""
+
+    num_tokens: int
+    hidden: int  # 0 without grad_hidden_states_unzipped
+    topk: int
+    num_experts: int
+    num_rows: int  # 0 when neither gradient is given
+    dtype: np.dtype | None  # of the gradient rows
+    data_type: int  # _abi.DATA_*, -1 without gradient rows
+    grad_hidden: bool  # grad_hidden_states_unzipped given: grad_hidden_states computed
+    grad_prob: bool  # grad_token_prob_unzipped given: grad_expert_prob_topk computed
+
+    @property
+    def computes(self):
+        """Whether there is anything to compute (else both outputs are None)."""
+        return self.grad_hidden or self.grad_prob
+
+
+class UnpermuteBackwardPlan(NamedTuple):
+    """Shapes of one ``moe_unpermute_backward`` call."""
+
+    num_tokens: int
+    hidden: int  # 0 without grad_hidden_states
+    topk: int
+    num_experts: int
+    num_rows: int
+    dtype: np.dtype | None  # of the gradient rows
+    data_type: int  # _abi.DATA_*, -1 without gradient rows
+    weighted: bool
+    grad_hidden: bool  # grad_hidden_states given: grad_hidden_states_unzipped computed
+    grad_prob: bool  # grad_expert_prob_topk given
+
+    @property
+    def computes(self):
+        """Whether there is anything to compute (else both outputs are None)."""
+        return self.grad_hidden or self.grad_prob
+
+    @property
+    def dot(self):
+        """Whether the probability gradient has the dot-product term (reads the rows)."""
+        return self.weighted and self.grad_hidden
+
+
+def _check_maps(rowmap, routemap, shape_of, dtype_of):
+    """``(T, E, K)`` from the row map ``[T, E]`` int32 and the routing map ``[T, K]``."""
+    rowmap_shape = shape_of(rowmap)
+    check_ndim("zipped_expertwise_rowmap", rowmap_shape, 2, "[num_tokens, num_experts]")
+    check_dtype("zipped_expertwise_rowmap", dtype_of(rowmap), INT32)
+    num_tokens, num_experts = rowmap_shape
+    if num_experts < 1:
+        raise ValueError(
+            "zipped_expertwise_rowmap must have num_experts >= 1 columns; "
+            f"got shape {tuple(rowmap_shape)}"
+        )
+    routemap_shape = shape_of(routemap)
+    check_ndim("expert_routemap_topk", routemap_shape, 2, "[num_tokens, topk]")
+    check_dtype("expert_routemap_topk", dtype_of(routemap), ROUTEMAP_DTYPES)
+    topk = routemap_shape[1]
+    if routemap_shape[0] != num_tokens or topk < 1:
+        raise ValueError(
+            "expert_routemap_topk must have shape [num_tokens, topk >= 1] with num_tokens = "
+            f"{num_tokens} (the rows of zipped_expertwise_rowmap); got {tuple(routemap_shape)}"
+        )
+    return num_tokens, num_experts, topk
+
+
+def _check_gradient_rows(name, x, shape_of, dtype_of):
+    """``(shape, dtype)`` of 2-D gradient rows of width >= 1: bfloat16, float16 or float32."""
+    shape = tuple(shape_of(x))
+    check_ndim(name, shape, 2, "[rows, hidden]")
+    dtype = dtype_of(x)
+    if dtype in FLOAT8_DTYPES:
+        raise TypeError(
+            f"{name} has dtype {dtype}: float8 rows have no gradient (gradient rows are "
+            "bfloat16, float16 or float32)"
+        )
+    check_dtype(name, dtype, COMBINE_DTYPES)
+    if shape[1] < 1:
+        raise ValueError(f"{name} must have at least one column; got shape {shape}")
+    return shape, dtype
+
+
+def check_permute_backward_metadata(
+    grad_hidden_states_unzipped,
+    grad_token_prob_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+    validate,
+    *,
+    shape_of,
+    dtype_of,
+):
+    """Check the metadata of a ``moe_permute_backward`` call and plan its outputs.
+
+    T and E come from the row map, K from the routing map, R and H from the gradient rows
+    (R from ``grad_token_prob_unzipped`` when only it is given). Raises ``TypeError`` /
+    ``ValueError`` naming the argument.
+    """
+    check_bool("validate", validate)
+    num_tokens, num_experts, topk = _check_maps(
+        zipped_expertwise_rowmap, expert_routemap_topk, shape_of, dtype_of
+    )
+    num_rows, hidden, dtype = 0, 0, None
+    if grad_hidden_states_unzipped is not None:
+        (num_rows, hidden), dtype = _check_gradient_rows(
+            "grad_hidden_states_unzipped", grad_hidden_states_unzipped, shape_of, dtype_of
+        )
+    if grad_token_prob_unzipped is not None:
+        name = "grad_token_prob_unzipped"
+        check_dtype(name, dtype_of(grad_token_prob_unzipped), FLOAT32)
+        shape = tuple(shape_of(grad_token_prob_unzipped))
+        if dtype is None:
+            check_ndim(name, shape, 1, "[rows]")
+            num_rows = shape[0]
+        else:
+            check_shape(name, shape, (num_rows,), "[rows of grad_hidden_states_unzipped]")
+    return PermuteBackwardPlan(
+        num_tokens=num_tokens,
+        hidden=hidden,
+        topk=topk,
+        num_experts=num_experts,
+        num_rows=num_rows,
+        dtype=dtype,
+        data_type=-1 if dtype is None else COMBINE_DTYPES[dtype],
+        grad_hidden=grad_hidden_states_unzipped is not None,
+        grad_prob=grad_token_prob_unzipped is not None,
+    )
+
+
+def check_unpermute_backward_metadata(
+    grad_hidden_states,
+    grad_expert_prob_topk,
+    hidden_states_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+    token_prob_unzipped,
+    using_weighted_combine,
+    num_rows,
+    validate,
+    *,
+    shape_of,
+    dtype_of,
+):
+    """Check the metadata of a ``moe_unpermute_backward`` call and plan its outputs.
+
+    T and E come from the row map, K from the routing map, H from ``grad_hidden_states``, R
+    is ``num_rows``, which every ``[R, ...]`` array given must match. Raises ``TypeError`` /
+    ``ValueError`` naming the argument.
+    """
+    weighted = check_bool("using_weighted_combine", using_weighted_combine)
+    check_bool("validate", validate)
+    num_rows = check_int("num_rows", num_rows, 0)
+    num_tokens, num_experts, topk = _check_maps(
+        zipped_expertwise_rowmap, expert_routemap_topk, shape_of, dtype_of
+    )
+    hidden, dtype = 0, None
+    if grad_hidden_states is not None:
+        (rows, hidden), dtype = _check_gradient_rows(
+            "grad_hidden_states", grad_hidden_states, shape_of, dtype_of
+        )
+        check_shape(
+            "grad_hidden_states", (rows, hidden), (num_tokens, hidden), "[num_tokens, hidden]"
+        )
+    if grad_expert_prob_topk is not None:
+        check_dtype("grad_expert_prob_topk", dtype_of(grad_expert_prob_topk), FLOAT32)
+        check_shape(
+            "grad_expert_prob_topk",
+            shape_of(grad_expert_prob_topk),
+            (num_tokens, topk),
+            "[num_tokens, topk]",
+        )
+
+    if hidden_states_unzipped is not None:
+        name = "hidden_states_unzipped"
+        shape = tuple(shape_of(hidden_states_unzipped))
+        check_ndim(name, shape, 2, "[num_rows, hidden]")
+        rows_dtype = dtype_of(hidden_states_unzipped)
+        if dtype is None:
+            check_dtype(name, rows_dtype, COMBINE_DTYPES)
+        elif rows_dtype != dtype:
+            raise TypeError(
+                f"{name} must have the dtype of grad_hidden_states ({dtype}); got {rows_dtype}"
+            )
+        check_shape(name, shape, (num_rows, hidden or shape[1]), "[num_rows, hidden]")
+    elif weighted and grad_hidden_states is not None:
+        raise TypeError(
+            "hidden_states_unzipped is required when using_weighted_combine=True and "
+            "grad_hidden_states is given (the probability gradient is its dot product with "
+            "grad_hidden_states); got None"
+        )
+
+    if token_prob_unzipped is not None:
+        check_dtype("token_prob_unzipped", dtype_of(token_prob_unzipped), FLOAT32)
+        prob_shape = tuple(shape_of(token_prob_unzipped))
+        if prob_shape not in ((num_rows,), (num_rows, 1)):
+            raise ValueError(
+                f"token_prob_unzipped must have shape [num_rows] or [num_rows, 1] with "
+                f"num_rows = {num_rows}; got {prob_shape}"
+            )
+    elif weighted:
+        raise TypeError(
+            "token_prob_unzipped is required when using_weighted_combine=True; got None"
+        )
+
+    return UnpermuteBackwardPlan(
+        num_tokens=num_tokens,
+        hidden=hidden,
+        topk=topk,
+        num_experts=num_experts,
+        num_rows=num_rows,
+        dtype=dtype,
+        data_type=-1 if dtype is None else COMBINE_DTYPES[dtype],
+        weighted=weighted,
+        grad_hidden=grad_hidden_states is not None,
+        grad_prob=grad_expert_prob_topk is not None,
+    )
+
+
+def permute_backward_outputs(plan, empty):
+    """Allocate the outputs of ``moe_permute_backward`` with ``empty(shape, dtype)``: the
+    data gradient and the probability gradient, each None when its input is None."""
+    hidden = empty((plan.num_tokens, plan.hidden), plan.dtype) if plan.grad_hidden else None
+    probs = empty((plan.num_tokens, plan.topk), np.float32) if plan.grad_prob else None
+    return hidden, probs
+
+
+def unpermute_backward_outputs(plan, empty):
+    """Allocate the outputs of ``moe_unpermute_backward`` with ``empty(shape, dtype)``: the
+    row gradient (None without ``grad_hidden_states``) and the probability gradient (None
+    only when neither gradient is given)."""
+    rows = empty((plan.num_rows, plan.hidden), plan.dtype) if plan.grad_hidden else None
+    probs = empty((plan.num_rows,), np.float32) if plan.computes else None
+    return rows, probs
+
+
+def raise_for_permute_backward_status(status, plan: PermuteBackwardPlan):
+    """Raise the ``ValueError`` that ``status`` (the ``_abi.UNPERMUTE_*`` slots) reports."""
+    raise_for_unpermute_status(status, plan)
+
+
+def raise_for_unpermute_backward_status(status, plan: UnpermuteBackwardPlan):
+    """Raise the ``ValueError`` that ``status`` (``_abi.UNPERMUTE_*`` and
+    ``_abi.UNPERMUTE_BACKWARD_*``) reports, if any."""
+    raise_for_unpermute_status(status, plan)
+    row = int(status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW])
+    if row >= 0:
+        first = divmod(int(status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_FIRST]), plan.num_experts)
+        second = divmod(int(status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_SECOND]), plan.num_experts)
+        raise ValueError(
+            f"zipped_expertwise_rowmap[{first[0]}, {first[1]}] and "
+            f"zipped_expertwise_rowmap[{second[0]}, {second[1]}] both name row {row}: each "
+            "row holds one (token, expert) pair, as moe_permute writes them"
+        )
