@@ -69,7 +69,7 @@ class Hold:
     def start(self):
         """Launch the holding kernel on the legacy default stream."""
         self._flag[:] = 0
-        Launcher(0)(HOLD.get(NoKey()), 1, 32, HOLD.args(flag=self._arg, spins=self._spins))
+        Launcher(0)(HOLD.get(NoKey()), 1, 32, HOLD.args({"flag": self._arg, "spins": self._spins}))
 
     def release(self):
         """Let the held stream go (the kernel sees the flag within a microsecond or so)."""

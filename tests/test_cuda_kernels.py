@@ -523,7 +523,7 @@ def test_hold_waits_for_the_host_or_times_out(go, spins, timed_out):
     from moe_numba.kernels._launch import Launcher
 
     flag = np.array([go, 0], np.int32)
-    Launcher(None)(HOLD.get(NoKey()), 1, 32, HOLD.args(flag=flag, spins=spins))
+    Launcher(None)(HOLD.get(NoKey()), 1, 32, HOLD.args({"flag": flag, "spins": spins}))
     assert flag.tolist() == [go, timed_out]
 
 

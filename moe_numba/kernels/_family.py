@@ -9,11 +9,12 @@
      |-- body(key)           the Python function (the stage module's factory)
      '-- get(key)            RawKernel: compiled on first launch, cached per key
 
-A launch names every argument, ``FAMILY.args(routemap=..., T=...)``, and gets the positional
-tuple back (an ``operator.itemgetter`` built once per family): two pointers cannot be
-swapped, and a missing or unknown name raises TypeError. ``variants()`` lists every key the
-host can launch; tests/test_ptx.py compiles them and checks that ``params(key)`` names the
-parameters of ``body(key)``.
+A host planner names every argument of a call's kernels once, in a dict; ``FAMILY.args(values)``
+picks the kernel's parameters from it in order (an ``operator.itemgetter`` built once per
+family): two pointers cannot be swapped, and a missing name raises TypeError.
+``variants()`` lists every key the host can launch; tests/test_ptx.py compiles them, and
+tests/test_kernel_families.py checks that ``params(key)`` names the parameters of
+``body(key)``.
 """
 
 from __future__ import annotations
@@ -144,16 +145,13 @@ class KernelFamily:
             self._kernels[key] = kernel
         return kernel
 
-    def args(self, **values):
-        """The launch tuple: ``values`` (every parameter, by name) in parameter order."""
-        if len(values) == len(self.names):
-            try:
-                return self._pick(values)
-            except KeyError:
-                pass
-        missing = [n for n in self.names if n not in values]
-        unknown = [n for n in values if n not in self.names]
-        raise TypeError(
-            f"{self.name} takes the arguments ({', '.join(self.names)}); "
-            f"missing {missing}, unknown {unknown}"
-        )
+    def args(self, values):
+        """The launch tuple: the kernel's parameters, in order, looked up by name in
+        ``values`` (a mapping that may hold more: every argument of a call's kernels)."""
+        try:
+            return self._pick(values)
+        except KeyError:
+            missing = [n for n in self.names if n not in values]
+            raise TypeError(
+                f"{self.name} takes the arguments ({', '.join(self.names)}); missing {missing}"
+            ) from None

@@ -52,6 +52,8 @@ PAD_WORKERS = 256  # fewest padding workers (when there are as many chunks of ro
 NC_TARGET = 128  # count chunks to aim for
 
 _I64, _I32 = np.dtype(np.int64), np.dtype(np.int32)
+# the scratch arrays, in the order of one allocation (see the module docstring)
+_SCRATCH = ("done", "offsets", "lim", "padbase", "ctot", "part", "counts", "slot_rank")
 _INDEX_DTYPES = {4: np.int32, 8: np.int64}
 
 
@@ -75,19 +77,19 @@ class _Launches(NamedTuple):
     """What a call's launches need beyond its addresses: built once per call key."""
 
     one_block: bool  # count_scan instead of count + scan
-    ct: int  # tokens per count chunk
-    nc: int  # count chunks
-    scratch: tuple  # (count, dtype) of each scratch part, in order
+    scratch: tuple  # (count, dtype) of each part of _SCRATCH
     count: RawKernel | None
     count_grid: tuple
+    count_block: int
     scan: RawKernel | None  # (or count_scan)
     scan_grid: int
     scan_block: int
-    ex_dim: int
     gather: RawKernel | None
     gather_grid: int
     gather_block: int
-    npw: int  # padding workers
+    sizes: dict  # the kernels' scalar arguments that the key decides, by name:
+    # T, K, E, R, NC (count chunks), ct (tokens per chunk), ex_dim (experts per scan block
+    # tile), npw (padding workers), hnw (hidden words per row)
 
 
 _LAUNCHES = BoundedCache(1024)  # token counts vary between calls
@@ -128,16 +130,8 @@ def _plan_launches(T, K, E, R, hw, hnw, sw, bits, validate):
     one_block = not validate and 0 < T <= count.CT and E <= count.ETILE
     ct = T if one_block else _chunk_tokens(T, K)
     nc = -(-T // ct)
-    scratch = (
-        (1, _I64),  # done
-        (E, _I64),  # offsets
-        (E, _I64),  # lim
-        (E + 1, _I64),  # padbase
-        (E, _I64),  # ctot
-        (2 * max(nc, 1), _I64),  # part
-        (max(nc * E, 1), _I32),  # counts
-        (max(T * K, 1), _I32),  # slot_rank
-    )
+    scratch = ((1, _I64), (E, _I64), (E, _I64), (E + 1, _I64), (E, _I64), (2 * max(nc, 1), _I64))
+    scratch += ((max(nc * E, 1), _I32), (max(T * K, 1), _I32))
     key = RoutingKey(bits)
     if one_block:
         count_kernel, count_grid = None, ()
@@ -158,19 +152,17 @@ def _plan_launches(T, K, E, R, hw, hnw, sw, bits, validate):
         gather_kernel = GATHER.get(GatherKey(hw, sw, _batch_words(hw, hnw), bits))
     return _Launches(
         one_block=one_block,
-        ct=ct,
-        nc=nc,
         scratch=scratch,
         count=count_kernel,
         count_grid=count_grid,
+        count_block=COUNT_BD,
         scan=scan_kernel,
         scan_grid=scan_grid,
         scan_block=scan_block,
-        ex_dim=ex_dim,
         gather=gather_kernel,
         gather_grid=min(-(-items // gather.WARPS), GATHER_BLOCKS),
         gather_block=gather.WARPS * gather.LANES,
-        npw=npw,
+        sizes=dict(T=T, K=K, E=E, R=R, NC=nc, ct=ct, ex_dim=ex_dim, npw=npw, hnw=hnw),
     )
 
 
@@ -220,127 +212,39 @@ def run(plan, buffers, validate, alloc, stream):
     if go is None:
         go = _LAUNCHES.put(key, _plan_launches(*key))
 
-    done, offsets, lim, padbase, ctot, part, counts, ranks = carve(alloc, go.scratch)
-    routemap = b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize])
-    rowmap = b.out_rowmap.kernel_arg(np.int32)
     launch = Launcher(stream)
-    if validate:
-        status = StatusWords(launch, _abi.PERMUTE_STATUS_LEN)
-        status_arg = status.arg
-    else:
-        status = None
-        status_arg = optional_arg(None, np.int64)  # (the scan writes no status words)
-    override = 1 if b.capacity is None else 0
-    capacity = optional_arg(b.capacity, np.int64)
-    A = plan.alignment
-
+    status = StatusWords(launch, _abi.PERMUTE_STATUS_LEN) if validate else None
+    hd, sd = _copy.WORD_DTYPE[hw], _copy.WORD_DTYPE[sw]
+    # every argument of the call's kernels, by parameter name (each kernel takes its own)
+    values = dict(
+        go.sizes,
+        hidden=optional_arg(b.hidden if hnw else None, hd),
+        scale=optional_arg(b.scale if snw else None, sd),
+        routemap=b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize]),
+        probs=b.probs.kernel_arg(np.uint32),
+        capacity=optional_arg(b.capacity, np.int64),
+        out_hidden=optional_arg(b.out_hidden if hnw else None, hd),
+        out_scale=optional_arg(b.out_scale if snw else None, sd),
+        rowmap=b.out_rowmap.kernel_arg(np.int32),
+        out_probs=optional_arg(b.out_probs if R else None, np.uint32),
+        out_indices=optional_arg(b.out_indices if R else None, np.int32),
+        # (without validate the scan writes no status words)
+        status=optional_arg(None, np.int64) if status is None else status.arg,
+        A=plan.alignment,
+        snw=snw,
+        override=1 if b.capacity is None else 0,
+        want_status=1 if validate else 0,
+        has_indices=0 if b.out_indices is None else 1,
+    )
+    values.update(zip(_SCRATCH, carve(alloc, go.scratch), strict=True))
     if go.one_block:
-        launch(
-            go.scan,
-            1,
-            go.scan_block,
-            COUNT_SCAN.args(
-                routemap=routemap,
-                slot_rank=ranks,
-                counts=counts,
-                part=part,
-                done=done,
-                capacity=capacity,
-                offsets=offsets,
-                lim=lim,
-                padbase=padbase,
-                ctot=ctot,
-                status=status_arg,
-                T=T,
-                K=K,
-                E=E,
-                A=A,
-                R=R,
-                override=override,
-                ex_dim=go.ex_dim,
-                ct=go.ct,
-            ),
-            dependent=True,
-        )
+        launch(go.scan, 1, go.scan_block, COUNT_SCAN.args(values), dependent=True)
     else:
         if go.count is not None:
-            launch(
-                go.count,
-                go.count_grid,
-                COUNT_BD,
-                COUNT.args(
-                    routemap=routemap,
-                    slot_rank=ranks,
-                    counts=counts,
-                    part=part,
-                    done=done,
-                    T=T,
-                    K=K,
-                    E=E,
-                    ct=go.ct,
-                ),
-                dependent=True,
-            )
-        launch(
-            go.scan,
-            go.scan_grid,
-            go.scan_block,
-            SCAN.args(
-                counts=counts,
-                capacity=capacity,
-                offsets=offsets,
-                lim=lim,
-                padbase=padbase,
-                ctot=ctot,
-                part=part,
-                routemap=routemap,
-                status=status_arg,
-                done=done,
-                NC=go.nc,
-                E=E,
-                A=A,
-                R=R,
-                T=T,
-                K=K,
-                override=override,
-                ex_dim=go.ex_dim,
-                want_status=1 if validate else 0,
-            ),
-            dependent=True,
-        )
+            launch(go.count, go.count_grid, go.count_block, COUNT.args(values), dependent=True)
+        launch(go.scan, go.scan_grid, go.scan_block, SCAN.args(values), dependent=True)
     if status is not None:
         status.written()
-
     if go.gather is not None:
-        hd, sd = _copy.WORD_DTYPE[hw], _copy.WORD_DTYPE[sw]
-        launch(
-            go.gather,
-            go.gather_grid,
-            go.gather_block,
-            GATHER.args(
-                hidden=optional_arg(b.hidden if hnw else None, hd),
-                scale=optional_arg(b.scale if snw else None, sd),
-                routemap=routemap,
-                probs=b.probs.kernel_arg(np.uint32),
-                slot_rank=ranks,
-                counts=counts,
-                offsets=offsets,
-                lim=lim,
-                padbase=padbase,
-                out_hidden=optional_arg(b.out_hidden if hnw else None, hd),
-                out_scale=optional_arg(b.out_scale if snw else None, sd),
-                rowmap=rowmap,
-                out_probs=optional_arg(b.out_probs if R else None, np.uint32),
-                out_indices=optional_arg(b.out_indices if R else None, np.int32),
-                T=T,
-                K=K,
-                E=E,
-                npw=go.npw,
-                hnw=hnw,
-                snw=snw,
-                has_indices=0 if b.out_indices is None else 1,
-                ct=go.ct,
-            ),
-            dependent=True,
-        )
+        launch(go.gather, go.gather_grid, go.gather_block, GATHER.args(values), dependent=True)
     return status

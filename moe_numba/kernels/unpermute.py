@@ -60,6 +60,7 @@ class _Launches(NamedTuple):
     init: RawKernel | None
     check: RawKernel | None
     check_grid: int
+    check_block: int
     combine: RawKernel | None
     combine_block: int
     nw: int  # words per row
@@ -86,7 +87,7 @@ def _plan_launches(T, E, K, H, width, data_type, weighted, mix, bits, validate):
     combine = None
     if T > 0:
         combine = COMBINE.get(CombineKey(width, data_type, weighted, mix, bits))
-    return _Launches(init, check, check_grid, combine, _combine_block(nw), nw)
+    return _Launches(init, check, check_grid, CHECK_BD, combine, _combine_block(nw), nw)
 
 
 def run(plan, buffers, validate, alloc, stream):
@@ -127,50 +128,31 @@ def run(plan, buffers, validate, alloc, stream):
     if go is None:
         go = _LAUNCHES.put(key, _plan_launches(*key))
 
-    routemap = b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize])
-    rowmap = b.rowmap.kernel_arg(np.int32)
     launch = Launcher(stream)
+    word = WORD_DTYPE[width]
+    # every argument of the call's kernels, by parameter name (each kernel takes its own)
+    values = dict(
+        rows=optional_arg(b.rows if R else None, word),
+        rowmap=b.rowmap.kernel_arg(np.int32),
+        routemap=b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize]),
+        probs=optional_arg(b.probs if R else None, np.float32),
+        out=b.out_hidden.kernel_arg(word),
+        out_probs=b.out_probs.kernel_arg(np.float32),
+        T=T,
+        R=R,
+        E=E,
+        K=K,
+        nw=go.nw,
+        first=0 if validate else 1,
+    )
     status = None
     if validate:
         status = StatusWords(launch, _abi.UNPERMUTE_STATUS_LEN)
-        (minima,) = carve(alloc, _MINIMA)
-        launch(go.init, 1, 32, INIT.args(minima=minima), dependent=True)
-        launch(
-            go.check,
-            go.check_grid,
-            CHECK_BD,
-            CHECK.args(
-                rowmap=rowmap,
-                routemap=routemap,
-                minima=minima,
-                status=status.arg,
-                T=T,
-                R=R,
-                E=E,
-                K=K,
-            ),
-            dependent=True,
-        )
+        (values["minima"],) = carve(alloc, _MINIMA)
+        values["status"] = status.arg
+        launch(go.init, 1, 32, INIT.args(values), dependent=True)
+        launch(go.check, go.check_grid, go.check_block, CHECK.args(values), dependent=True)
         status.written()
     if go.combine is not None:
-        word = WORD_DTYPE[width]
-        launch(
-            go.combine,
-            T,
-            go.combine_block,
-            COMBINE.args(
-                rows=optional_arg(b.rows if R else None, word),
-                rowmap=rowmap,
-                routemap=routemap,
-                probs=optional_arg(b.probs if R else None, np.float32),
-                out=b.out_hidden.kernel_arg(word),
-                out_probs=b.out_probs.kernel_arg(np.float32),
-                R=R,
-                E=E,
-                K=K,
-                nw=go.nw,
-                first=0 if validate else 1,
-            ),
-            dependent=True,
-        )
+        launch(go.combine, T, go.combine_block, COMBINE.args(values), dependent=True)
     return status
