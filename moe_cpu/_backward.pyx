@@ -69,7 +69,9 @@ cdef int64_t _element_size(int data_type) except -1:
         return 4
     if data_type == MOE_DATA_BFLOAT16 or data_type == MOE_DATA_FLOAT16:
         return 2
-    raise ValueError(f"data_type must be DATA_FLOAT32, DATA_BFLOAT16 or DATA_FLOAT16; got {data_type}")
+    raise ValueError(
+        f"data_type must be DATA_FLOAT32, DATA_BFLOAT16 or DATA_FLOAT16; got {data_type}"
+    )
 
 
 cdef int _need(bint ok, str what) except -1:

@@ -335,6 +335,18 @@ def test_rows_named_twice(backend):
         ),
     ):
         run_on(backend, moe_unpermute_backward, *args, using_weighted_combine=True, num_rows=5)
+    # row 3 is seen twice first (flat entries 0 and 3), row 2 later: row 2 is reported
+    rowmap = np.array([[3, -1, -1], [3, 2, -1], [-1, 2, -1]], np.int32)
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "zipped_expertwise_rowmap[1, 1] and zipped_expertwise_rowmap[2, 1] both name row 2"
+        ),
+    ):
+        run_on(
+            backend, moe_unpermute_backward, None, g, None, rowmap, routemap, None,
+            using_weighted_combine=False, num_rows=5,
+        )  # fmt: skip
 
 
 def test_both_gradients_none(backend):
