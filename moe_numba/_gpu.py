@@ -10,6 +10,7 @@ import numpy as np
 from ._arrays import array_library
 from ._cache import BoundedCache
 from ._contract import permute_outputs, unpermute_outputs
+from ._contract_backward import permute_backward_outputs, unpermute_backward_outputs
 from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError
 
 _BACKEND = None
@@ -67,10 +68,12 @@ class _Call:
 
 class _GPUBackend:
     def __init__(self):
-        from .kernels import permute, unpermute
+        from .kernels import permute, permute_backward, unpermute, unpermute_backward
 
         self._permute = permute
         self._unpermute = unpermute
+        self._permute_backward = permute_backward
+        self._unpermute_backward = unpermute_backward
         self._capacities = BoundedCache(64)
 
     def _capacities_on_device(self, call, capacities):
@@ -133,3 +136,51 @@ class _GPUBackend:
         stream = call.library.stream(rows)
         status = self._unpermute.run(plan, buffers, validate, call.alloc, stream)
         return (hidden, slot_probs), (status.read() if validate else None)
+
+    # The gradient ops (SPEC.md section 5), the same interface.
+
+    def permute_backward(self, plan, arrays, validate, empty=None):
+        """Run ``moe_permute_backward`` on CUDA arrays: ``(outputs, status words or None)``.
+
+        ``empty`` as for :meth:`permute`.
+        """
+        grad_rows, grad_probs, rowmap, routemap = arrays
+        call = _Call(grad_rows if grad_rows is not None else grad_probs, empty)
+        hidden, probs = permute_backward_outputs(plan, call.empty)
+        buffers = self._unpermute.UnpermuteBuffers(
+            rows=call.buffer(grad_rows),
+            rowmap=call.buffer(rowmap),
+            routemap=call.buffer(routemap),
+            probs=call.buffer(grad_probs),
+            out_hidden=call.buffer(hidden),
+            out_probs=call.buffer(probs),
+            routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
+        )
+        stream = call.library.stream(call.like)
+        status = self._permute_backward.run(plan, buffers, validate, call.alloc, stream)
+        return (hidden, probs), (status.read() if validate else None)
+
+    def unpermute_backward(self, plan, arrays, validate, empty=None):
+        """Run ``moe_unpermute_backward`` on CUDA arrays: ``(outputs, status words or
+        None)``.
+
+        ``empty`` as for :meth:`permute`.
+        """
+        dy, g, xu, rowmap, routemap, p = arrays
+        call = _Call(rowmap, empty)
+        rows, probs = unpermute_backward_outputs(plan, call.empty)
+        dot = plan.weighted and plan.grad_hidden
+        buffers = self._unpermute_backward.UnpermuteBackwardBuffers(
+            grad_hidden=call.buffer(dy),
+            grad_probs=call.buffer(g),
+            rows=call.buffer(xu) if dot else None,
+            rowmap=call.buffer(rowmap),
+            routemap=call.buffer(routemap),
+            probs=call.buffer(p) if dot else None,
+            out_rows=call.buffer(rows),
+            out_probs=call.buffer(probs),
+            routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
+        )
+        stream = call.library.stream(rowmap)
+        status = self._unpermute_backward.run(plan, buffers, validate, call.alloc, stream)
+        return (rows, probs), (status.read() if validate else None)
