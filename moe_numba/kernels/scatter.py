@@ -55,7 +55,6 @@ WARPS = min(4, SYNCWARP_WARPS)  # workers per block
 # 16-byte groups of dY a thread may hold at once (rising): the copy holds the whole row where
 # it can; the weighted rows go in smaller batches, leaving registers for the Xu words
 BATCH_GROUPS = {False: (4, 8, 16, 28), True: (4, 8)}
-XU_GROUPS = 8  # most groups of an Xu row a thread loads at once
 STEP_GROUPS = 4  # most groups a thread computes in one step (each step unrolls)
 
 
@@ -174,15 +173,13 @@ def _make_scatter(key):
     WEIGHTED = bool(key.weighted)
     G = 16 // width  # words per group
     NL = width // ITEMSIZE[data_type]  # elements per word
-    XB = _divisor(NB, XU_GROUPS)  # groups of Xu loaded at once
-    CG = _divisor(XB, STEP_GROUPS)  # groups computed in one step
+    CG = _divisor(NB, STEP_GROUPS)  # groups computed in one step
     SPAN = NB * LANES  # groups of a row per batch
-    DY_WORDS, XU_WORDS = NB * G, XB * G  # register words of a thread
+    WORDS = NB * G  # register words of a thread, of dY and of Xu
     ld, st, stz = word_ops(width, streaming=True)  # (each dXu row is written once)
     lane_value, pack, _ = word_lanes(width, data_type)
     word, keep = _register_words(width)
     load_dy = _group_loader(ld, keep, G, NB)
-    load_xu = _group_loader(ld, keep, G, XB)
     word_t = WORD_TYPE[width]
 
     @device
@@ -194,27 +191,22 @@ def _make_scatter(key):
                 if w < nw:
                     st(out, base + w, word(lo, hi, u * G + s))
 
-    def load_step(u0):
-        """``step(..., a) -> a``: load the Xu words of the batch's groups u0 .. u0 + XB - 1."""
+    @device
+    def load_step(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods):
+        """``step(..., a) -> a``: load the Xu words of the batch's groups."""
+        load_dy(xu, base, q, nw, xlo, xhi)
+        return a
 
-        @device
-        def step(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods):
-            load_xu(xu, base, q + u0 * LANES, nw, xlo, xhi)
-            return a
-
-        return step
-
-    def compute_step(u0, c0):
-        """``step(..., a) -> a``: the batch's groups u0 + c0 .. u0 + c0 + CG - 1 (their Xu
-        words loaded, from xlo[c0 * G])."""
+    def compute_step(c0):
+        """``step(..., a) -> a``: the batch's groups c0 .. c0 + CG - 1."""
 
         @device
         def step(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods):
             for u in range(c0, c0 + CG):
                 for s in range(G):
-                    w = (q + (u0 + u) * LANES) * G + s
+                    w = (q + u * LANES) * G + s
                     if w < nw:
-                        v = word(lo, hi, (u0 + u) * G + s)
+                        v = word(lo, hi, u * G + s)
                         x = word(xlo, xhi, u * G + s)
                         for i in range(NL):
                             y = lane_value(v, i)
@@ -227,13 +219,10 @@ def _make_scatter(key):
 
     # scale_dot(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods) -> a: dXu, the batch's
     # words of dY times p; returns a plus the lane's fma over the batch's elements of dY and
-    # Xu, ascending h. The steps are chained here, not looped over in the kernel, so that
-    # every index into the registers is a constant (NVVM does not unroll such loops).
-    steps = []
-    for u0 in range(0, NB, XB):
-        steps.append(load_step(u0))
-        steps += [compute_step(u0, c0) for c0 in range(0, XB, CG)]
-    scale_dot = _chain(steps)
+    # Xu, ascending h. The batch's Xu words are loaded at once, then the steps follow,
+    # chained here rather than looped over in the kernel so that every index into the
+    # registers is a constant (NVVM does not unroll such loops).
+    scale_dot = _chain([load_step] + [compute_step(c0) for c0 in range(0, NB, CG)])
 
     def scatter(
         dy, xu, rowmap, routemap, owner, probs, gprob, out, out_probs, T, R, E, K, nw, npz, has_g
@@ -244,10 +233,10 @@ def _make_scatter(key):
         part = cuda.shared.array((WARPS, LANES, LANES), float32)  # partials between batches
         tmp = cuda.shared.array(TMP_WORDS, int64)
         ftmp = cuda.shared.array(TMP_WORDS, float32)
-        lo = cuda.local.array(DY_WORDS, word_t)
-        hi = cuda.local.array(DY_WORDS, uint64)
-        xlo = cuda.local.array(XU_WORDS, word_t)
-        xhi = cuda.local.array(XU_WORDS, uint64)
+        lo = cuda.local.array(WORDS, word_t)
+        hi = cuda.local.array(WORDS, uint64)
+        xlo = cuda.local.array(WORDS, word_t)
+        xhi = cuda.local.array(WORDS, uint64)
         prods = cuda.local.array(NL, float32)
         lane = int64(cuda.threadIdx.x) % LANES
         wb = int64(cuda.threadIdx.x) // LANES
