@@ -138,10 +138,11 @@ class Launcher:
     def __call__(self, kernel, grid, block, args, shmem=0, dependent=False):
         """Launch ``kernel`` (a :class:`RawKernel`) with ``args`` (ints or simulator arrays).
 
-        ``dependent=True``: ``kernel`` calls :func:`._griddep.wait` before it touches
-        anything the kernel ahead of it in the stream reads or writes (whoever launched
-        that one), or only touches what that kernel does not; on sm_90 and newer it is then
-        launched as a programmatic dependent, which may start before the kernel ahead ends.
+        ``dependent=True``: ``kernel`` calls :func:`._intrinsics.griddep_wait` before it
+        touches anything the kernel ahead of it in the stream reads or writes (whoever
+        launched that one), or only touches what that kernel does not; on sm_90 and newer it
+        is then launched as a programmatic dependent, which may start before the kernel
+        ahead ends.
         """
         if SIM:
             kernel.dispatcher[grid, block, 0, shmem](*args)

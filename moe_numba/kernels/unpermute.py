@@ -6,8 +6,8 @@
     init      .check     1                          32                         validate
     check     .check     (T * max(E, K)) / CHECK_BD CHECK_BD                   validate
                          at most CHECK_BLOCKS
-    combine   .combine   T (a block per token)      MIN_BD .. COMBINE_BD:      T > 0
-                                                    about a thread per word
+    combine   .combine   T (a block per token)      MIN_BD .. COMBINE_BD, by   T > 0
+                                                    the words of a row
 
 The call's first kernel (init, or the combine when ``validate=False``) is launched as a
 programmatic dependent of the caller's kernel ahead of it and waits for it first thing, so
