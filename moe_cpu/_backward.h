@@ -25,19 +25,21 @@ MOE_INLINE float moe_warp_dot_impl(int dtype, const char *x, const char *y, int6
     const int64_t full = H / round * round;
     float lane[MOE_WARP];
     for (int l = 0; l < MOE_WARP; l++) lane[l] = 0.0f;
+    /* lane by lane, each lane's word in ascending h: the lanes are independent, so the
+       vectoriser takes several at once (their words form an interleaved group) */
     for (int64_t h0 = 0; h0 < full; h0 += round) {
-        for (int64_t i = 0; i < V; i++) {
-            for (int l = 0; l < MOE_WARP; l++) {
+        for (int l = 0; l < MOE_WARP; l++) {
+            float acc = lane[l];
+            for (int64_t i = 0; i < V; i++) {
                 int64_t h = h0 + l * V + i;
-                lane[l] = fmaf(moe_load(x, h, dtype), moe_load(y, h, dtype), lane[l]);
+                acc = fmaf(moe_load(x, h, dtype), moe_load(y, h, dtype), acc);
             }
+            lane[l] = acc;
         }
     }
-    for (int64_t i = 0; i < V; i++) { /* the last, partial pass */
-        for (int l = 0; l < MOE_WARP; l++) {
-            int64_t h = full + l * V + i;
-            if (h < H) lane[l] = fmaf(moe_load(x, h, dtype), moe_load(y, h, dtype), lane[l]);
-        }
+    for (int l = 0; l < MOE_WARP; l++) { /* the last, partial pass */
+        for (int64_t h = full + l * V; h < H && h < full + (l + 1) * V; h++)
+            lane[l] = fmaf(moe_load(x, h, dtype), moe_load(y, h, dtype), lane[l]);
     }
     for (int off = MOE_WARP / 2; off >= 1; off /= 2) {
         for (int l = 0; l < off; l++) lane[l] = lane[l] + lane[l + off];

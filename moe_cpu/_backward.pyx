@@ -1,19 +1,20 @@
 """The gradients of moe_permute and moe_unpermute on the CPU (SPEC.md section 5).
 
-``permute_backward`` is the unweighted combine (_combine.h), tokens in parallel, plus the
-probability of each token's counted slots. ``unpermute_backward`` works row by row: a serial
-pass over the row map finds the (token, expert) pair of every row (and the rows named twice),
-then rows in parallel gather their token's gradient and take the dot product of _backward.h.
-Every output element is computed by one thread from the same inputs whatever the thread
-count, and the status words are reduced in a fixed order: the results never depend on the
-number of threads, and no atomics are needed.
+The data gradient of the permute is the forward's unweighted combine (moe_cpu.unpermute);
+this module has the rest. ``permute_backward_probs``: tokens in parallel, each slot takes
+the probability gradient of its row when it is the counted slot. ``unpermute_backward``: a
+serial pass over the row map finds the (token, expert) pair of every row (and the rows named
+twice), then rows in parallel take their token's gradient and the dot product of
+_backward.h. Every output element is computed by one thread from the same inputs whatever
+the thread count, and the status words are reduced in a fixed order: the results never
+depend on the number of threads, and no atomics are needed.
 
 The status layout is ``STATUS_SLOTS`` (names of ``moe_numba._abi``, which checks it at import).
 """
 
 from cython.parallel cimport prange, threadid
 from libc.stdint cimport int32_t, int64_t, uint8_t
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 
 from moe_cpu._parallel cimport num_threads
@@ -22,10 +23,6 @@ cdef extern from "_backward.h" nogil:
     int MOE_DATA_FLOAT32
     int MOE_DATA_BFLOAT16
     int MOE_DATA_FLOAT16
-    int MOE_COMBINE_BLOCK
-    void moe_combine_token(int dtype, int weighted, int mix_precision, const void* rows,
-                           int64_t H, const int64_t* src_rows, const float* src_probs,
-                           int64_t nsrc, float* acc, void* out)
     float moe_warp_dot(int dtype, const void* x, const void* y, int64_t H)
     void moe_scale_row(int dtype, const void* x, float p, void* out, int64_t H)
     void moe_store(void* out, int64_t i, float v, int dtype)
@@ -60,7 +57,7 @@ ctypedef fused index_t:
     int64_t
 
 cdef enum:
-    TOKEN_CHUNK = 16  # tokens per work item of permute_backward (status is kept per chunk)
+    TOKEN_CHUNK = 64  # tokens per work item of permute_backward_probs (status kept per chunk)
     ROW_CHUNK = 64  # rows per work item of unpermute_backward
 
 
@@ -80,177 +77,102 @@ cdef int _need(bint ok, str what) except -1:
     return 0
 
 
-cdef struct PermuteGrad:
-    int64_t T, K, E, R, H, row_bytes
-    int dtype
-    const char* grad_rows  # [R, H] or NULL (no data gradient)
-    const float* grad_probs  # [R] or NULL (no probability gradient)
-    const int32_t* rowmap
-    char* out_hidden
-    float* out_probs
-    # per chunk: first bad routing slot, its id, first bad row-map entry, its value
-    int64_t* chunk_status
-    # per thread: accumulator [MOE_COMBINE_BLOCK] float, rows [E] int64, last token that
-    # named each expert [E] int64, zero weights [E] float
-    char* scratch
-    int64_t scratch_stride
-
-
-cdef void _permute_grad(PermuteGrad* c, const index_t* routemap, int nthreads) noexcept nogil:
-    cdef int64_t ch, t, e, k, r, nsrc, flat
-    cdef int64_t nchunks = (c.T + TOKEN_CHUNK - 1) // TOKEN_CHUNK
-    cdef float* acc
-    cdef int64_t* src_rows
-    cdef int64_t* seen
-    cdef float* zeros
+cdef void _slot_grads(const float* grad_probs, const int32_t* rowmap, const index_t* routemap,
+                      float* out, int64_t T, int64_t E, int64_t K, int64_t R,
+                      int64_t* chunk_status, int64_t* seen_all, int nthreads) noexcept nogil:
+    """Per chunk of tokens: each counted slot copies its row's gradient, every other slot
+    gets +0.0; note the chunk's first bad row-map entry and routing id."""
+    cdef int64_t ch, t, e, r, flat
+    cdef int64_t nchunks = (T + TOKEN_CHUNK - 1) // TOKEN_CHUNK
+    cdef int64_t* seen  # per thread: the last token that named each expert
     cdef int64_t* st
     cdef float w
-    # dynamic: a thread that shares its core with another process does less of the work
-    for ch in prange(nchunks, num_threads=nthreads, schedule="dynamic"):
-        acc = <float*>(c.scratch + threadid() * c.scratch_stride)
-        src_rows = <int64_t*>(acc + MOE_COMBINE_BLOCK)
-        seen = src_rows + c.E
-        zeros = <float*>(seen + c.E)
-        for e in range(c.E):
+    for ch in prange(nchunks, num_threads=nthreads, schedule="static"):
+        seen = seen_all + threadid() * E
+        for e in range(E):
             seen[e] = -1
-        st = c.chunk_status + 4 * ch
+        st = chunk_status + 4 * ch
         st[0] = -1
         st[1] = -1
         st[2] = -1
         st[3] = -1
-        for t in range(ch * TOKEN_CHUNK, min(ch * TOKEN_CHUNK + TOKEN_CHUNK, c.T)):
-            # the token's rows in ascending expert id (bad entries count as -1)
-            nsrc = 0
-            for e in range(c.E):
-                flat = t * c.E + e
-                r = c.rowmap[flat]
-                if r < -1 or r >= c.R:
-                    if st[2] < 0:
-                        st[2] = flat
-                        st[3] = r
-                elif r >= 0:
-                    src_rows[nsrc] = r
-                    nsrc = nsrc + 1
-            if c.grad_rows != NULL:
-                moe_combine_token(c.dtype, 0, 1, c.grad_rows, c.H, src_rows, zeros, nsrc, acc,
-                                  c.out_hidden + t * c.row_bytes)
-            for k in range(c.K):
-                flat = t * c.K + k
+        for t in range(ch * TOKEN_CHUNK, min(ch * TOKEN_CHUNK + TOKEN_CHUNK, T)):
+            for flat in range(t * E, t * E + E):
+                if (rowmap[flat] < -1 or rowmap[flat] >= R) and st[2] < 0:
+                    st[2] = flat
+                    st[3] = rowmap[flat]
+            for flat in range(t * K, t * K + K):
                 e = routemap[flat]
                 w = 0.0
-                if e < -1 or e >= c.E:
+                if e < -1 or e >= E:
                     if st[0] < 0:
                         st[0] = flat
                         st[1] = e
-                elif e >= 0 and seen[e] != t:  # k is the counted slot of (t, e)
+                elif e >= 0 and seen[e] != t:  # the counted slot of (t, e)
                     seen[e] = t
-                    r = c.rowmap[t * c.E + e]
-                    if r >= 0 and r < c.R and c.grad_probs != NULL:
-                        w = c.grad_probs[r]  # a copy: every bit kept
-                if c.out_probs != NULL:
-                    c.out_probs[flat] = w
+                    r = rowmap[t * E + e]
+                    if r >= 0 and r < R:
+                        w = grad_probs[r]  # a copy: every bit kept
+                out[flat] = w
 
 
-def permute_backward(
-    const uint8_t[:, ::1] grad_rows,  # IN  [R, H * size] or None
-    const float[::1] grad_probs,  # IN  [R] or None
+def permute_backward_probs(
+    const float[::1] grad_probs,  # IN  [R]
     const int32_t[:, ::1] rowmap,  # IN  [T, E]
     const index_t[:, ::1] routemap,  # IN  [T, K]
-    uint8_t[:, ::1] out_hidden,  # OUT [T, H * size], given with grad_rows
-    float[:, ::1] out_probs,  # OUT [T, K], given with grad_probs
+    float[:, ::1] out_probs,  # OUT [T, K]
     int64_t[::1] status,  # OUT [UNPERMUTE_STATUS_LEN]
-    *,
-    int data_type,
-    int64_t num_rows,
 ):
-    """Backend of ``moe_permute_backward``: fill the preallocated outputs and the status words.
+    """Backend of ``moe_permute_backward``'s probability gradient: fill `out_probs` and the
+    status words (the data gradient is ``moe_cpu.unpermute``, unweighted).
 
     Shapes are checked (a mismatch raises ``ValueError``); values may be anything: row-map
     entries outside [-1, R) and routing ids outside [-1, E) are treated as -1.
 
     Parameters
     ----------
-    grad_rows : numpy.ndarray or None
-        uint8 ``[R, H * size]``: the raw bytes of the gradient rows.
-    grad_probs : numpy.ndarray or None
+    grad_probs : numpy.ndarray
         float32 ``[R]`` gradient of each row's probability.
     rowmap : numpy.ndarray
         int32 ``[T, E]`` row of each (token, expert), -1 = none.
     routemap : numpy.ndarray
         int32 or int64 ``[T, K]`` expert ids.
-    out_hidden : numpy.ndarray or None
-        uint8 ``[T, H * size]``, required with `grad_rows`.
-    out_probs : numpy.ndarray or None
-        float32 ``[T, K]``, required with `grad_probs`.
+    out_probs : numpy.ndarray
+        float32 ``[T, K]``.
     status : numpy.ndarray
         int64, at least ``STATUS_SLOTS["UNPERMUTE_STATUS_LEN"]`` words.
-    data_type : int
-        ``DATA_FLOAT32``, ``DATA_BFLOAT16`` or ``DATA_FLOAT16`` of the rows.
-    num_rows : int
-        R, the rows of `grad_rows` and `grad_probs`.
 
     Raises
     ------
     ValueError
-        For a bad `data_type` or inconsistent shapes.
+        For inconsistent shapes.
     """
-    cdef PermuteGrad c
     cdef int nthreads = num_threads()
-    cdef int64_t size = _element_size(data_type)
-    cdef int64_t i, ch, nchunks
-    c.T = rowmap.shape[0]
-    c.E = rowmap.shape[1]
-    c.K = routemap.shape[1]
-    c.R = num_rows
-    c.dtype = data_type
-    _need(routemap.shape[0] == c.T, "routemap must have as many rows as rowmap")
+    cdef int64_t T = rowmap.shape[0], E = rowmap.shape[1], K = routemap.shape[1]
+    cdef int64_t i, ch, nchunks = (T + TOKEN_CHUNK - 1) // TOKEN_CHUNK
+    _need(routemap.shape[0] == T, "routemap must have as many rows as rowmap")
+    _need(out_probs.shape[0] == T and out_probs.shape[1] == K, "out_probs must be [T, K]")
     _need(status.shape[0] >= PERMUTE_BACKWARD_STATUS_LEN, "status is too short")
-    _need((grad_rows is None) == (out_hidden is None), "grad_rows and out_hidden go together")
-    _need((grad_probs is None) == (out_probs is None), "grad_probs and out_probs go together")
-    c.grad_rows = NULL
-    c.out_hidden = NULL
-    c.H = 0
-    c.row_bytes = 0
-    if grad_rows is not None:
-        c.row_bytes = grad_rows.shape[1]
-        c.H = c.row_bytes // size
-        _need(grad_rows.shape[0] == c.R and c.H * size == c.row_bytes and c.H > 0,
-              "grad_rows must be [num_rows, H * element size] with H >= 1")
-        _need(out_hidden.shape[0] == c.T and out_hidden.shape[1] == c.row_bytes,
-              "out_hidden must have T rows of the bytes of a grad_rows row")
-        c.grad_rows = <const char*>&grad_rows[0, 0]
-        c.out_hidden = <char*>&out_hidden[0, 0]
-    c.grad_probs = NULL
-    c.out_probs = NULL
-    if grad_probs is not None:
-        _need(grad_probs.shape[0] == c.R, "grad_probs must have num_rows entries")
-        _need(out_probs.shape[0] == c.T and out_probs.shape[1] == c.K, "out_probs must be [T, K]")
-        c.grad_probs = &grad_probs[0]
-        c.out_probs = &out_probs[0, 0]
-    c.rowmap = &rowmap[0, 0]
-    nchunks = (c.T + TOKEN_CHUNK - 1) // TOKEN_CHUNK
-    # 64-byte multiples so that the threads' scratch never shares a cache line
-    c.scratch_stride = (4 * MOE_COMBINE_BLOCK + 20 * c.E + 63) // 64 * 64
-    cdef char* scratch = <char*>calloc(nthreads * c.scratch_stride + 64, 1)
-    c.chunk_status = <int64_t*>malloc((4 * nchunks + 1) * sizeof(int64_t))
+    cdef int64_t* seen = <int64_t*>malloc((nthreads * E + 1) * sizeof(int64_t))
+    cdef int64_t* chunk_status = <int64_t*>malloc((4 * nchunks + 1) * sizeof(int64_t))
     try:
-        if scratch == NULL or c.chunk_status == NULL:
-            raise MemoryError("moe_cpu.permute_backward: out of memory for the scratch buffers")
-        c.scratch = scratch + (-<size_t>scratch) % 64
+        if seen == NULL or chunk_status == NULL:
+            raise MemoryError("moe_cpu.permute_backward_probs: out of memory for the scratch")
         with nogil:
-            _permute_grad(&c, &routemap[0, 0], nthreads)
+            _slot_grads(&grad_probs[0], &rowmap[0, 0], &routemap[0, 0], &out_probs[0, 0], T, E,
+                        K, grad_probs.shape[0], chunk_status, seen, nthreads)
             for i in range(PERMUTE_BACKWARD_STATUS_LEN):
                 status[i] = -1
             for ch in range(nchunks):  # chunk order: the smallest flat index is reported
-                if status[BAD_ID] < 0 and c.chunk_status[4 * ch] >= 0:
-                    status[BAD_ID] = c.chunk_status[4 * ch]
-                    status[BAD_ID_VALUE] = c.chunk_status[4 * ch + 1]
-                if status[BAD_ROW] < 0 and c.chunk_status[4 * ch + 2] >= 0:
-                    status[BAD_ROW] = c.chunk_status[4 * ch + 2]
-                    status[BAD_ROW_VALUE] = c.chunk_status[4 * ch + 3]
+                if status[BAD_ID] < 0 and chunk_status[4 * ch] >= 0:
+                    status[BAD_ID] = chunk_status[4 * ch]
+                    status[BAD_ID_VALUE] = chunk_status[4 * ch + 1]
+                if status[BAD_ROW] < 0 and chunk_status[4 * ch + 2] >= 0:
+                    status[BAD_ROW] = chunk_status[4 * ch + 2]
+                    status[BAD_ROW_VALUE] = chunk_status[4 * ch + 3]
     finally:
-        free(scratch)
-        free(c.chunk_status)
+        free(seen)
+        free(chunk_status)
 
 
 cdef struct UnpermuteGrad:

@@ -18,6 +18,19 @@ _permute_backward_calls = BoundedCache(256)  # call key -> (backend, metadata pl
 _unpermute_backward_calls = BoundedCache(256)
 
 
+def _run(op, calls, arrays, scalars, check_metadata, raise_for_status):
+    """Prepare the call, run the backend's ``op`` unless there is nothing to compute (both
+    gradients None: ``(None, None)``), raise for its status words when validating."""
+    validate = scalars[-1]
+    backend, plan = _prepare(calls, arrays, scalars, check_metadata)
+    if not plan.computes:
+        return None, None
+    outputs, status = getattr(backend, op)(plan, arrays, validate)
+    if validate:
+        raise_for_status(status, plan)
+    return outputs
+
+
 def moe_permute_backward(
     grad_hidden_states_unzipped: Array | None,
     grad_token_prob_unzipped: Array | None,
@@ -89,15 +102,14 @@ def moe_permute_backward(
         zipped_expertwise_rowmap,
         expert_routemap_topk,
     )
-    backend, plan = _prepare(
-        _permute_backward_calls, arrays, (validate,), check_permute_backward_metadata
+    return _run(
+        "permute_backward",
+        _permute_backward_calls,
+        arrays,
+        (validate,),
+        check_permute_backward_metadata,
+        raise_for_permute_backward_status,
     )
-    if not plan.computes:
-        return None, None
-    outputs, status = backend.permute_backward(plan, arrays, validate)
-    if validate:
-        raise_for_permute_backward_status(status, plan)
-    return outputs
 
 
 def moe_unpermute_backward(
@@ -191,15 +203,11 @@ def moe_unpermute_backward(
         expert_routemap_topk,
         token_prob_unzipped,
     )
-    backend, plan = _prepare(
+    return _run(
+        "unpermute_backward",
         _unpermute_backward_calls,
         arrays,
         (using_weighted_combine, num_rows, validate),
         check_unpermute_backward_metadata,
+        raise_for_unpermute_backward_status,
     )
-    if not plan.computes:
-        return None, None
-    outputs, status = backend.unpermute_backward(plan, arrays, validate)
-    if validate:
-        raise_for_unpermute_backward_status(status, plan)
-    return outputs

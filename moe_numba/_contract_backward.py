@@ -18,6 +18,7 @@ from ._contract import (
     FLOAT32,
     INT32,
     ROUTEMAP_DTYPES,
+    UnpermutePlan,
     check_bool,
     check_dtype,
     check_int,
@@ -48,38 +49,19 @@ class UnpermuteBackwardArrays(NamedTuple):
     token_prob_unzipped: object | None
 
 
-class PermuteBackwardPlan(NamedTuple):
-    """Shapes of one ``moe_permute_backward`` call."""
+class BackwardPlan(NamedTuple):
+    """Shapes of one call of either gradient op."""
 
     num_tokens: int
-    hidden: int  # 0 without grad_hidden_states_unzipped
+    hidden: int  # 0 without gradient rows
     topk: int
     num_experts: int
-    num_rows: int  # 0 when neither gradient is given
+    num_rows: int  # R (moe_permute_backward: 0 when neither gradient is given)
     dtype: np.dtype | None  # of the gradient rows
     data_type: int  # _abi.DATA_*, -1 without gradient rows
-    grad_hidden: bool  # grad_hidden_states_unzipped given: grad_hidden_states computed
-    grad_prob: bool  # grad_token_prob_unzipped given: grad_expert_prob_topk computed
-
-    @property
-    def computes(self):
-        """Whether there is anything to compute (else both outputs are None)."""
-        return self.grad_hidden or self.grad_prob
-
-
-class UnpermuteBackwardPlan(NamedTuple):
-    """Shapes of one ``moe_unpermute_backward`` call."""
-
-    num_tokens: int
-    hidden: int  # 0 without grad_hidden_states
-    topk: int
-    num_experts: int
-    num_rows: int
-    dtype: np.dtype | None  # of the gradient rows
-    data_type: int  # _abi.DATA_*, -1 without gradient rows
-    weighted: bool
-    grad_hidden: bool  # grad_hidden_states given: grad_hidden_states_unzipped computed
-    grad_prob: bool  # grad_expert_prob_topk given
+    grad_hidden: bool  # the gradient rows are given (their gradient is computed)
+    grad_prob: bool  # the probability gradient input is given
+    weighted: bool  # moe_unpermute_backward: the forward combine was weighted
 
     @property
     def computes(self):
@@ -88,8 +70,41 @@ class UnpermuteBackwardPlan(NamedTuple):
 
     @property
     def dot(self):
-        """Whether the probability gradient has the dot-product term (reads the rows)."""
+        """moe_unpermute_backward: whether the probability gradient has the dot-product term
+        (which reads ``hidden_states_unzipped``)."""
         return self.weighted and self.grad_hidden
+
+    @property
+    def combine_plan(self):
+        """moe_permute_backward: the plan of the ``moe_unpermute`` that is its data gradient
+        (unweighted, mixed precision)."""
+        return UnpermutePlan(
+            num_tokens=self.num_tokens,
+            hidden=self.hidden,
+            topk=self.topk,
+            num_experts=self.num_experts,
+            num_rows=self.num_rows,
+            dtype=self.dtype,
+            data_type=self.data_type,
+            weighted=False,
+            mix_precision=True,
+        )
+
+
+def _plan(maps, num_rows, hidden, dtype, grad_hidden, grad_prob, weighted=False):
+    num_tokens, num_experts, topk = maps
+    return BackwardPlan(
+        num_tokens=num_tokens,
+        hidden=hidden,
+        topk=topk,
+        num_experts=num_experts,
+        num_rows=num_rows,
+        dtype=dtype,
+        data_type=-1 if dtype is None else COMBINE_DTYPES[dtype],
+        grad_hidden=grad_hidden is not None,
+        grad_prob=grad_prob is not None,
+        weighted=weighted,
+    )
 
 
 def _check_maps(rowmap, routemap, shape_of, dtype_of):
@@ -148,9 +163,7 @@ def check_permute_backward_metadata(
     ``ValueError`` naming the argument.
     """
     check_bool("validate", validate)
-    num_tokens, num_experts, topk = _check_maps(
-        zipped_expertwise_rowmap, expert_routemap_topk, shape_of, dtype_of
-    )
+    maps = _check_maps(zipped_expertwise_rowmap, expert_routemap_topk, shape_of, dtype_of)
     num_rows, hidden, dtype = 0, 0, None
     if grad_hidden_states_unzipped is not None:
         (num_rows, hidden), dtype = _check_gradient_rows(
@@ -165,16 +178,8 @@ def check_permute_backward_metadata(
             num_rows = shape[0]
         else:
             check_shape(name, shape, (num_rows,), "[rows of grad_hidden_states_unzipped]")
-    return PermuteBackwardPlan(
-        num_tokens=num_tokens,
-        hidden=hidden,
-        topk=topk,
-        num_experts=num_experts,
-        num_rows=num_rows,
-        dtype=dtype,
-        data_type=-1 if dtype is None else COMBINE_DTYPES[dtype],
-        grad_hidden=grad_hidden_states_unzipped is not None,
-        grad_prob=grad_token_prob_unzipped is not None,
+    return _plan(
+        maps, num_rows, hidden, dtype, grad_hidden_states_unzipped, grad_token_prob_unzipped
     )
 
 
@@ -201,9 +206,8 @@ def check_unpermute_backward_metadata(
     weighted = check_bool("using_weighted_combine", using_weighted_combine)
     check_bool("validate", validate)
     num_rows = check_int("num_rows", num_rows, 0)
-    num_tokens, num_experts, topk = _check_maps(
-        zipped_expertwise_rowmap, expert_routemap_topk, shape_of, dtype_of
-    )
+    maps = _check_maps(zipped_expertwise_rowmap, expert_routemap_topk, shape_of, dtype_of)
+    num_tokens, _, topk = maps
     hidden, dtype = 0, None
     if grad_hidden_states is not None:
         (rows, hidden), dtype = _check_gradient_rows(
@@ -253,26 +257,7 @@ def check_unpermute_backward_metadata(
             "token_prob_unzipped is required when using_weighted_combine=True; got None"
         )
 
-    return UnpermuteBackwardPlan(
-        num_tokens=num_tokens,
-        hidden=hidden,
-        topk=topk,
-        num_experts=num_experts,
-        num_rows=num_rows,
-        dtype=dtype,
-        data_type=-1 if dtype is None else COMBINE_DTYPES[dtype],
-        weighted=weighted,
-        grad_hidden=grad_hidden_states is not None,
-        grad_prob=grad_expert_prob_topk is not None,
-    )
-
-
-def permute_backward_outputs(plan, empty):
-    """Allocate the outputs of ``moe_permute_backward`` with ``empty(shape, dtype)``: the
-    data gradient and the probability gradient, each None when its input is None."""
-    hidden = empty((plan.num_tokens, plan.hidden), plan.dtype) if plan.grad_hidden else None
-    probs = empty((plan.num_tokens, plan.topk), np.float32) if plan.grad_prob else None
-    return hidden, probs
+    return _plan(maps, num_rows, hidden, dtype, grad_hidden_states, grad_expert_prob_topk, weighted)
 
 
 def unpermute_backward_outputs(plan, empty):
@@ -284,12 +269,12 @@ def unpermute_backward_outputs(plan, empty):
     return rows, probs
 
 
-def raise_for_permute_backward_status(status, plan: PermuteBackwardPlan):
+def raise_for_permute_backward_status(status, plan: BackwardPlan):
     """Raise the ``ValueError`` that ``status`` (the ``_abi.UNPERMUTE_*`` slots) reports."""
     raise_for_unpermute_status(status, plan)
 
 
-def raise_for_unpermute_backward_status(status, plan: UnpermuteBackwardPlan):
+def raise_for_unpermute_backward_status(status, plan: BackwardPlan):
     """Raise the ``ValueError`` that ``status`` (``_abi.UNPERMUTE_*`` and
     ``_abi.UNPERMUTE_BACKWARD_*``) reports, if any."""
     raise_for_unpermute_status(status, plan)

@@ -70,10 +70,8 @@ def unpermute(plan, arrays, validate):
 
 from moe_cpu import _backward  # noqa: E402
 
-from ._contract_backward import (  # noqa: E402
-    permute_backward_outputs,
-    unpermute_backward_outputs,
-)
+from ._contract import UnpermuteArrays  # noqa: E402
+from ._contract_backward import unpermute_backward_outputs  # noqa: E402
 
 
 def _check_backward_slots():
@@ -93,27 +91,27 @@ def _check_backward_slots():
 _check_backward_slots()
 
 
-def _bytes_or_none(x):
-    return None if x is None else _as_bytes(x)
-
-
 def permute_backward(plan, arrays, validate, empty=moe_cpu.empty):
     """Run ``moe_permute_backward`` on NumPy arrays (see the module docstring); ``empty``
-    allocates the outputs."""
-    hidden, probs = permute_backward_outputs(plan, empty)
-    status = np.empty(_abi.UNPERMUTE_STATUS_LEN, dtype=np.int64)
-    moe_cpu.permute_backward(
-        _bytes_or_none(arrays.grad_hidden_states_unzipped),
-        arrays.grad_token_prob_unzipped,
-        arrays.zipped_expertwise_rowmap,
-        arrays.expert_routemap_topk,
-        _bytes_or_none(hidden),
-        probs,
-        status,
-        data_type=plan.data_type if plan.grad_hidden else _abi.DATA_FLOAT32,  # no rows: unused
-        num_rows=plan.num_rows,
-    )
+    allocates the probability gradient.
+
+    The data gradient is the unweighted combine of :func:`unpermute`; both stages check the
+    same two maps and write the same status slots.
+    """
+    grad_rows, grad_probs, rowmap, routemap = arrays
+    hidden = probs = status = None
+    if plan.grad_hidden:
+        combine = UnpermuteArrays(grad_rows, rowmap, routemap, np.zeros(plan.num_rows, np.float32))
+        (hidden, _), status = unpermute(plan.combine_plan, combine, True)
+    if plan.grad_prob:
+        probs = empty((plan.num_tokens, plan.topk), np.float32)
+        status = np.empty(_abi.UNPERMUTE_STATUS_LEN, dtype=np.int64)
+        moe_cpu.permute_backward_probs(grad_probs, rowmap, routemap, probs, status)
     return (hidden, probs), (status if validate else None)
+
+
+def _bytes_or_none(x):
+    return None if x is None else _as_bytes(x)
 
 
 def unpermute_backward(plan, arrays, validate, empty=moe_cpu.empty):

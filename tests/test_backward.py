@@ -13,13 +13,20 @@ from hypothesis import strategies as st
 import moe_cpu
 from _cases import (
     COMBINE_DTYPES,
-    assert_close_combine,
     assert_same_bits,
     counts_of,
     random_bits,
     random_probs,
     random_routing,
     random_values,
+)
+from _gradients import (
+    check_permute_backward,
+    check_unpermute_backward,
+    routed,
+    run_on,
+    spoil,
+    with_gradients,
 )
 from moe_numba import (
     _oracle,
@@ -28,140 +35,12 @@ from moe_numba import (
     moe_unpermute,
     moe_unpermute_backward,
 )
-from moe_numba._contract_backward import (
-    check_permute_backward_metadata,
-    check_unpermute_backward_metadata,
-    raise_for_permute_backward_status,
-    raise_for_unpermute_backward_status,
-)
 
 CANONICAL_NAN_BITS = {
     np.dtype(np.float32): 0x7FC00000,
     np.dtype(ml_dtypes.bfloat16): 0x7FC0,
     np.dtype(np.float16): 0x7E00,
 }
-
-
-def with_gradients(backend):
-    """``backend``, once it offers the gradient ops (the GPU ones come separately)."""
-    if backend.name != "cpu":
-        from moe_numba._gpu import gpu_backend
-
-        if not hasattr(gpu_backend(), "permute_backward"):
-            pytest.xfail("the GPU backend has no gradient ops yet")
-    return backend
-
-
-def run_on(backend, op, *arrays, **flags):
-    dev = backend.to_device
-    outputs = op(*(None if x is None else dev(x) for x in arrays), **flags)
-    return tuple(None if x is None else backend.to_host(x) for x in outputs)
-
-
-def routed(rng, num_tokens, topk, num_experts, alignment, *, repeats=0.0, drop=False):
-    """A routing map (with -1 slots, repeated experts at rate ``repeats``) and the row map the
-    oracle's permute makes of it (``drop``: capacities below the counts drop tokens)."""
-    routemap = random_routing(rng, num_tokens, topk, num_experts, repeats=repeats)
-    capacities = counts_of(routemap, num_experts)
-    if drop:
-        capacities = rng.integers(0, capacities + 1)
-    (_, rowmap, _, _), _ = _oracle.permute(
-        np.zeros((num_tokens, 1), np.float32),
-        None,
-        routemap,
-        np.zeros(routemap.shape, np.float32),
-        num_experts,
-        capacities,
-        alignment,
-    )
-    num_rows = int(_oracle.padded_rows(capacities, alignment).sum())
-    return routemap, rowmap, num_rows
-
-
-def spoil(rng, rowmap, routemap, num_rows, num_experts):
-    """Bad row-map entries (outside [-1, R), and rows named twice) and bad routing ids."""
-    rowmap, routemap = rowmap.copy(), routemap.copy()
-    wrong = rng.random(rowmap.shape) < 0.1
-    rowmap[wrong] = rng.integers(-5, num_rows + 5, rowmap.shape)[wrong]
-    bad = rng.random(routemap.shape) < 0.1
-    routemap[bad] = rng.integers(-4, num_experts + 4, routemap.shape)[bad]
-    return rowmap, routemap
-
-
-def expected_error(status, raise_for_status, check_metadata, arrays, scalars):
-    """The message that the oracle's status words give for this call, or None."""
-    plan = check_metadata(*arrays, *scalars, shape_of=np.shape, dtype_of=lambda x: x.dtype)
-    try:
-        raise_for_status(status, plan)
-    except ValueError as error:
-        return str(error)
-    return None
-
-
-def compare(actual, expected, names):
-    for a, b, what in zip(actual, expected, names, strict=True):
-        if b is None:
-            assert a is None, what
-        else:
-            assert_same_bits(a, b, what)
-
-
-def unchanged(inputs, copies):
-    for after, before in zip(inputs, copies, strict=True):
-        if before is not None:
-            assert_same_bits(after, before, "an input")
-
-
-def check_permute_backward(backend, grad_rows, grad_probs, rowmap, routemap, validate=True):
-    """Run on ``backend`` and compare with the oracle (outputs, or the error when validating);
-    check that no input changed. Returns the oracle's outputs."""
-    arrays = (grad_rows, grad_probs, rowmap, routemap)
-    copies = [None if x is None else x.copy() for x in arrays]
-    expected, status = _oracle.permute_backward(*arrays)
-    message = expected_error(
-        status, raise_for_permute_backward_status, check_permute_backward_metadata, arrays, (True,)
-    )
-    if validate and message is not None:
-        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
-            run_on(backend, moe_permute_backward, *arrays)
-    else:
-        actual = run_on(backend, moe_permute_backward, *arrays, validate=validate)
-        compare(actual, expected, ("grad_hidden_states", "grad_expert_prob_topk"))
-    unchanged(arrays, copies)
-    return expected
-
-
-def check_unpermute_backward(backend, *arrays, weighted, num_rows, validate=True):
-    """As :func:`check_permute_backward`, for ``moe_unpermute_backward(*arrays, ...)``."""
-    copies = [None if x is None else x.copy() for x in arrays]
-    expected, status = _oracle.unpermute_backward(*arrays, weighted, num_rows)
-    message = expected_error(
-        status,
-        raise_for_unpermute_backward_status,
-        check_unpermute_backward_metadata,
-        arrays,
-        (weighted, num_rows, True),
-    )
-    flags = dict(using_weighted_combine=weighted, num_rows=num_rows)
-    if validate and message is not None:
-        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
-            run_on(backend, moe_unpermute_backward, *arrays, **flags)
-    else:
-        actual = run_on(backend, moe_unpermute_backward, *arrays, **flags, validate=validate)
-        names = ("grad_hidden_states_unzipped", "grad_token_prob_unzipped")
-        if weighted and arrays[0] is not None and not backend.exact_fma:
-            # the simulator's fma rounds twice: the dot product within 1 ulp per term of the
-            # same sum of absolute values
-            magnitude = _oracle.unpermute_backward(
-                *(None if x is None else np.abs(x) for x in arrays[:3]),
-                *arrays[3:5], np.abs(arrays[5]), weighted, num_rows,
-            )[0][1]  # fmt: skip
-            compare(actual[:1], expected[:1], names[:1])
-            assert_close_combine(actual[1], expected[1], magnitude, arrays[0].shape[1], names[1])
-        else:
-            compare(actual, expected, names)
-    unchanged(arrays, copies)
-    return expected
 
 
 # ------------------------------------------------------------------------- random cases
