@@ -10,7 +10,7 @@ import numpy as np
 from ._arrays import array_library
 from ._cache import BoundedCache
 from ._contract import permute_outputs, unpermute_outputs
-from ._contract_backward import permute_backward_outputs, unpermute_backward_outputs
+from ._contract_backward import unpermute_backward_outputs
 from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError
 
 _BACKEND = None
@@ -146,7 +146,9 @@ class _GPUBackend:
         """
         grad_rows, grad_probs, rowmap, routemap = arrays
         call = _Call(grad_rows if grad_rows is not None else grad_probs, empty)
-        hidden, probs = permute_backward_outputs(plan, call.empty)
+        T = plan.num_tokens
+        hidden = call.empty((T, plan.hidden), plan.dtype) if plan.grad_hidden else None
+        probs = call.empty((T, plan.topk), np.float32) if plan.grad_prob else None
         buffers = self._unpermute.UnpermuteBuffers(
             rows=call.buffer(grad_rows),
             rowmap=call.buffer(rowmap),
@@ -169,7 +171,7 @@ class _GPUBackend:
         dy, g, xu, rowmap, routemap, p = arrays
         call = _Call(rowmap, empty)
         rows, probs = unpermute_backward_outputs(plan, call.empty)
-        dot = plan.weighted and plan.grad_hidden
+        dot = plan.dot
         buffers = self._unpermute_backward.UnpermuteBackwardBuffers(
             grad_hidden=call.buffer(dy),
             grad_probs=call.buffer(g),

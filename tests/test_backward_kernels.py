@@ -60,20 +60,18 @@ def _name(x):
 def small_geometry(monkeypatch):
     """claim and collide in blocks of 16 threads, at most 3 (grid-stride; the last block
     writes the status), zero workers at least 2 (each takes several chunks of 32 rows), a
-    thread holds 1 or 2 groups of a row and computes 1 a step (rows go in several batches,
-    a batch in several steps), the combine in blocks of 16 threads and the check in 3 blocks
-    of 16. Launch plans and variants built under the real geometry are set aside."""
+    thread holds 1 or 2 groups of a row (rows go in several batches), the combine in blocks
+    of 16 threads and the check in 3 blocks of 16. The launch plans cached under the real
+    geometry are set aside."""
     for module, values in (
         (UB, dict(OWNER_BD=16, OWNER_BLOCKS=3, ZERO_WORKERS=2)),
-        (scatter, dict(BATCH_GROUPS={False: (1, 2), True: (1, 2)}, STEP_GROUPS=1)),
+        (scatter, dict(BATCH_GROUPS={False: (1, 2), True: (1, 2)})),
         (UP, dict(COMBINE_BD=16, MIN_BD=8, CHECK_BD=16, CHECK_BLOCKS=3)),
     ):
         for name, value in values.items():
             monkeypatch.setattr(module, name, value)
     monkeypatch.setattr(UB, "_LAUNCHES", BoundedCache(64))
     monkeypatch.setattr(UP, "_LAUNCHES", BoundedCache(64))
-    monkeypatch.setattr(scatter.SCATTER, "_bodies", {})  # (STEP_GROUPS shapes the body)
-    monkeypatch.setattr(scatter.SCATTER, "_kernels", {})
     from numba.cuda.simulator import kernelapi
 
     def exact_fma(self, a, b, c):
@@ -200,8 +198,8 @@ def test_unpermute_backward_word_widths(dtype, H, weighted):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 def test_unpermute_backward_rows_in_batches(dtype):
-    """Rows of more than 64 groups: two batches of two groups a lane, two steps each (the
-    dot product's partials wait in shared memory between batches)."""
+    """Rows of more than 64 groups: batches of a group or two a lane (the dot product's
+    partials wait in shared memory between batches)."""
     rng = np.random.default_rng(1)
     H = 70 * 16 // np.dtype(dtype).itemsize + 3  # 71 groups, the last one short
     T, K, E, R = 3, 2, 3, 8

@@ -34,6 +34,7 @@ from moe_numba._errors import MISSING_TOOLKIT_ERRORS  # noqa: E402
 from moe_numba.kernels import _intrinsics as ix  # noqa: E402
 from moe_numba.kernels._family import INT, ptr  # noqa: E402
 from moe_numba.kernels.combine import CombineKey  # noqa: E402
+from moe_numba.kernels.scatter import ScatterKey  # noqa: E402
 
 FAMILIES = (*kernels.families(), _bench_hold.HOLD)
 ALL = os.environ.get("MOE_PTX_ALL") == "1"
@@ -41,10 +42,11 @@ ALL = os.environ.get("MOE_PTX_ALL") == "1"
 
 def _one_of_each_kind():
     """Each family's first variant (16-byte words where there are words), and the weighted
-    combine, whose fma the checks tell apart from the plain sum."""
+    combine and scatter, whose fma the checks tell apart from the plain sum and copy."""
     chosen = [(family, family.variants()[0]) for family in FAMILIES]
-    combine = next(family for family in FAMILIES if family.name == "combine")
-    chosen.append((combine, CombineKey(16, _abi.DATA_BFLOAT16, True, True, 64)))
+    by_name = {family.name: family for family in FAMILIES}
+    chosen.append((by_name["combine"], CombineKey(16, _abi.DATA_BFLOAT16, True, True, 64)))
+    chosen.append((by_name["scatter"], ScatterKey(16, _abi.DATA_BFLOAT16, True, 8, 64)))
     return chosen
 
 
@@ -99,11 +101,23 @@ def test_kernel_compiles(family, key):
     if family.name == "gather" and key.hidden_word == 16:  # output rows are streamed
         assert "ld.global.v2.u64" in ptx and "st.global.cs.v2.u64" in ptx
         assert "st.global.v2.u64" not in ptx
-    if family.name == "combine":
+    if family.name in ("combine", "combine_counted"):
         if key.word == 16:
             assert "ld.global.v2.u64" in ptx and "st.global.v2.u64" in ptx
         assert ("fma.rn.f32" in ptx) == key.weighted, "multiply-add outside the weighted combine"
         assert not re.search(r"\bmul(\.rn)?\.f32", ptx), "float multiply in the combine"
+    if family.name == "scatter":
+        if key.word == 16:  # dXu rows are streamed
+            assert "ld.global.v2.u64" in ptx and "st.global.cs.v2.u64" in ptx
+            assert "st.global.v2.u64" not in ptx
+        # the weighted rows: one product per element and the dot product's fma, its lanes
+        # added by xor shuffles; the copy has no float arithmetic but the g terms' adds
+        assert ("fma.rn.f32" in ptx) == key.weighted, "multiply-add outside the dot product"
+        assert bool(re.search(r"\bmul(\.rn)?\.f32", ptx)) == key.weighted
+        assert ("shfl.sync.bfly.b32" in ptx) == key.weighted
+        assert "ld.global.cg" in ptx  # the owner words, from L2
+    if family.name in ("claim", "collide"):
+        assert not re.search(r"\.f32\b", ptx), "float arithmetic in the owner stage"
     if family.name == "hold":  # the flag is read again after every pause, not once before the loop
         assert re.search(r"nanosleep[^\n]*\n(.*\n)*?.*ld\.volatile\.global\.u32", ptx)
 
@@ -112,7 +126,8 @@ def test_kernel_compiles(family, key):
 # the kernel ahead (the caller's, for the first); kernels followed by one of this package's
 # let it start early; the bench's stream hold is neither
 _WAITS = {"count", "scan", "count_scan", "gather", "init", "check", "combine"}
-_TRIGGERS = {"count", "scan", "count_scan", "check"}
+_WAITS |= {"combine_counted", "claim", "collide", "scatter"}
+_TRIGGERS = {"count", "scan", "count_scan", "check", "claim", "collide"}
 
 
 @pytest.mark.parametrize("family,key", ONE_OF_EACH_KIND, ids=_ids(ONE_OF_EACH_KIND))
@@ -189,6 +204,10 @@ def _twice(x):
     return 2 * x
 
 
+def _butterfly(src, out, i):
+    out[i] = ix.warp_sum_butterfly(src[i], cuda.shared.array(_TMP_WORDS, nb.float32))
+
+
 def _device(src, out, i):
     out[i] = _twice(src[i])
 
@@ -217,6 +236,7 @@ REAL_INSTRUCTIONS = {
     "block_min_i64": (_scans, (_I64, _I64), r"shfl\.sync\.down\.b32"),
     "block_exclusive_scan_i64": (_scans, (_I64, _I64), r"shfl\.sync\.up\.b32"),
     "warp_exclusive_scan_i64": (_scans, (_I64, _I64), r"shfl\.sync\.idx\.b32"),
+    "warp_sum_butterfly": (_butterfly, (_F32, _F32), r"shfl\.sync\.bfly\.b32"),
 }
 
 

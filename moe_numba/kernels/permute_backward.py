@@ -16,7 +16,6 @@ a ``moe_unpermute`` call (:func:`.unpermute.run`)::
 from __future__ import annotations
 
 from .. import _abi
-from .._contract import UnpermutePlan
 from . import unpermute
 from .combine import COMBINE_COUNTED, COUNTED_SLOTS, NO_SLOTS
 
@@ -28,7 +27,7 @@ def run(plan, buffers, validate, alloc, stream):
 
     Parameters
     ----------
-    plan : moe_numba._contract_backward.PermuteBackwardPlan
+    plan : moe_numba._contract_backward.BackwardPlan
         The call's plan.
     buffers : moe_numba.kernels.unpermute.UnpermuteBuffers
         The call's arrays and outputs, as in the module docstring's table.
@@ -40,17 +39,8 @@ def run(plan, buffers, validate, alloc, stream):
     StatusWords or None
         With ``validate``: the ``_abi.UNPERMUTE_*`` status words, else None.
     """
-    rows = plan.grad_hidden
-    combine_plan = UnpermutePlan(
-        num_tokens=plan.num_tokens,
-        hidden=plan.hidden if rows else 0,
-        topk=plan.topk,
-        num_experts=plan.num_experts,
-        num_rows=plan.num_rows,
-        dtype=plan.dtype,
-        data_type=plan.data_type if rows else _abi.DATA_FLOAT32,  # (no words: any type)
-        weighted=False,
-        mix_precision=True,
-    )
+    combine_plan = plan.combine_plan
+    if not plan.grad_hidden:  # no row words (nw = 0): any data type
+        combine_plan = combine_plan._replace(data_type=_abi.DATA_FLOAT32)
     slots = COUNTED_SLOTS if plan.grad_prob else NO_SLOTS
     return unpermute.run(combine_plan, buffers, validate, alloc, stream, slots=slots)

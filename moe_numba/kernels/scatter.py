@@ -55,7 +55,6 @@ WARPS = min(4, SYNCWARP_WARPS)  # workers per block
 # 16-byte groups of dY a thread may hold at once (rising): the copy holds the whole row where
 # it can; the weighted rows go in smaller batches, leaving registers for the Xu words
 BATCH_GROUPS = {False: (4, 8, 16, 28), True: (4, 8)}
-STEP_GROUPS = 4  # most groups a thread computes in one step (each step unrolls)
 
 
 class ScatterKey(NamedTuple):
@@ -146,11 +145,6 @@ def _group_loader(ld, keep, G, n):
     return load
 
 
-def _divisor(n, most):
-    """The largest divisor of ``n`` up to ``most``."""
-    return max(d for d in range(1, min(n, most) + 1) if n % d == 0)
-
-
 def _chain(steps):
     """One device function ``(*args, a, *regs) -> a`` that runs ``steps`` (each of that
     form, the running value ``a`` in 7th place) in order."""
@@ -173,7 +167,6 @@ def _make_scatter(key):
     WEIGHTED = bool(key.weighted)
     G = 16 // width  # words per group
     NL = width // ITEMSIZE[data_type]  # elements per word
-    CG = _divisor(NB, STEP_GROUPS)  # groups computed in one step
     SPAN = NB * LANES  # groups of a row per batch
     WORDS = NB * G  # register words of a thread, of dY and of Xu
     ld, st, stz = word_ops(width, streaming=True)  # (each dXu row is written once)
@@ -197,32 +190,31 @@ def _make_scatter(key):
         load_dy(xu, base, q, nw, xlo, xhi)
         return a
 
-    def compute_step(c0):
-        """``step(..., a) -> a``: the batch's groups c0 .. c0 + CG - 1."""
+    def compute_step(u):
+        """``step(..., a) -> a``: the batch's group u."""
 
         @device
         def step(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods):
-            for u in range(c0, c0 + CG):
-                for s in range(G):
-                    w = (q + u * LANES) * G + s
-                    if w < nw:
-                        v = word(lo, hi, u * G + s)
-                        x = word(xlo, xhi, u * G + s)
-                        for i in range(NL):
-                            y = lane_value(v, i)
-                            a = cuda.fma(y, lane_value(x, i), a)
-                            prods[i] = y * p
-                        st(out, base + w, pack(prods))
+            for s in range(G):
+                w = (q + u * LANES) * G + s
+                if w < nw:
+                    v = word(lo, hi, u * G + s)
+                    x = word(xlo, xhi, u * G + s)
+                    for i in range(NL):
+                        y = lane_value(v, i)
+                        a = cuda.fma(y, lane_value(x, i), a)
+                        prods[i] = y * p
+                    st(out, base + w, pack(prods))
             return a
 
         return step
 
     # scale_dot(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods) -> a: dXu, the batch's
     # words of dY times p; returns a plus the lane's fma over the batch's elements of dY and
-    # Xu, ascending h. The batch's Xu words are loaded at once, then the steps follow,
-    # chained here rather than looped over in the kernel so that every index into the
-    # registers is a constant (NVVM does not unroll such loops).
-    scale_dot = _chain([load_step] + [compute_step(c0) for c0 in range(0, NB, CG)])
+    # Xu, ascending h. The batch's Xu words are loaded at once, then a step per group
+    # follows, chained here rather than looped over in the kernel so that every index into
+    # the registers is a constant (NVVM does not unroll such a loop of big bodies).
+    scale_dot = _chain([load_step] + [compute_step(u) for u in range(NB)])
 
     def scatter(
         dy, xu, rowmap, routemap, owner, probs, gprob, out, out_probs, T, R, E, K, nw, npz, has_g

@@ -125,7 +125,7 @@ def run(plan, buffers, validate, alloc, stream):
 
     Parameters
     ----------
-    plan : moe_numba._contract_backward.UnpermuteBackwardPlan
+    plan : moe_numba._contract_backward.BackwardPlan
         The call's plan (``plan.computes`` is true).
     buffers : UnpermuteBackwardBuffers
         The call's arrays and outputs.
@@ -150,7 +150,7 @@ def run(plan, buffers, validate, alloc, stream):
     T, R, E, K = plan.num_tokens, plan.num_rows, plan.num_experts, plan.topk
     H = plan.hidden if plan.grad_hidden else 0
     data_type = plan.data_type if plan.grad_hidden else _abi.DATA_FLOAT32  # (no words)
-    dot = plan.weighted and plan.grad_hidden
+    dot = plan.dot
     esize = ITEMSIZE[data_type]
     rows = b.rows if dot else None
     width = word_width(H * esize, b.grad_hidden, rows, b.out_rows, widths=widths(data_type))
