@@ -16,10 +16,16 @@ import numpy as np
 import pytest
 from numba import config, cuda
 
-pytestmark = pytest.mark.skipif(
-    not config.ENABLE_CUDASIM,
-    reason="runs the kernels in numba's CUDA simulator: needs NUMBA_ENABLE_CUDASIM=1",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not config.ENABLE_CUDASIM,
+        reason="runs the kernels in numba's CUDA simulator: needs NUMBA_ENABLE_CUDASIM=1",
+    ),
+    # the simulated kernels compute with NumPy float32 scalars: NaN and infinite inputs give
+    # NaNs and infinities, as they should (the simulator's threads do not see np.errstate)
+    pytest.mark.filterwarnings("ignore:invalid value encountered in scalar:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:overflow encountered in scalar:RuntimeWarning"),
+]
 
 from _cases import assert_same_bits, random_bits, random_routing, random_values  # noqa: E402
 from moe_numba import _abi, _oracle  # noqa: E402
@@ -172,11 +178,12 @@ def permuted(rng, T, K, E, R, *, repeats=0.0):
 
 
 def gradients(rng, T, K, R, dtype, H):
-    """dY [T, H], g [T, K], Xu [R, H], p [R]."""
+    """dY [T, H], g [T, K], Xu [R, H], p [R]: finite values (so that every dot product's
+    rounding shows; NaNs and infinities: :func:`test_unpermute_backward_special_bits`)."""
     return (
-        random_values(rng, (T, H), dtype),
+        random_values(rng, (T, H), dtype, special=0.0),
         rng.standard_normal((T, K)).astype(np.float32),
-        random_values(rng, (R, H), dtype),
+        random_values(rng, (R, H), dtype, special=0.0),
         rng.random(R, dtype=np.float32),
     )
 
