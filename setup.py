@@ -3,7 +3,9 @@
 OpenMP is probed by compiling and linking a tiny program with ``-fopenmp``; when that fails, or
 when ``MOE_USE_OPENMP=0``, the extensions are built without it and every ``prange`` runs
 serially (Cython guards its pragmas with ``#ifdef _OPENMP``). Set ``MOE_CYTHON_ANNOTATE=1`` to
-write the annotated HTML next to the sources.
+write the annotated HTML next to the sources, and ``MOE_CYTHON_DEBUG=1`` for a bounds-checked
+build (``boundscheck``, ``wraparound`` and ``initializedcheck`` on: every memoryview index is
+checked; slower, for ``tox -e cpu-debug``).
 """
 
 import os
@@ -27,9 +29,15 @@ int main(void) {
 """
 
 
+def switch(name, default):
+    """The boolean build switch ``name`` of the environment (0/false/no/off turn it off)."""
+    value = os.environ.get(name, default).strip().lower()
+    return value not in ("", "0", "false", "no", "off")
+
+
 def openmp_flags():
     """Return the compile/link flags that enable OpenMP, or [] when it is unavailable."""
-    if os.environ.get("MOE_USE_OPENMP", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not switch("MOE_USE_OPENMP", "1"):
         return [], "disabled by MOE_USE_OPENMP"
     compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
     workdir = tempfile.mkdtemp(prefix="moe_omp_probe_")
@@ -58,6 +66,16 @@ print(
     + ("" if omp else " -> prange loops run serially"),
     file=sys.stderr,
 )
+debug = switch("MOE_CYTHON_DEBUG", "0")
+if debug:
+    print("moe_cpu: MOE_CYTHON_DEBUG: memoryview indexing is bounds-checked", file=sys.stderr)
+
+# Each kind of build has its own build directory: the generated C and the compiled objects
+# do not record the switches they were made with, and a build reuses whatever looks up to
+# date, so a serial or debug wheel built after the default one would otherwise ship the
+# default's extensions. The debug build's C (other directives) stays out of the source tree.
+variant = "-".join(name for name, on in (("serial", not omp), ("debug", debug)) if on)
+build_base = os.path.join("build", variant or "default")
 
 # -ffp-contract=off: the combine must round exactly where the contract says (explicit fmaf only).
 compile_args = ["-O3", "-ffp-contract=off", *omp]
@@ -77,22 +95,24 @@ extensions = [
     for name, depends in [
         ("_parallel", ["_parallel.pxd"]),
         ("_memory", []),
-        ("_permute", ["_parallel.pxd"]),
-        ("_unpermute", ["_parallel.pxd", "_combine.h"]),
-        ("_backward", ["_parallel.pxd", "_combine.h", "_backward.h"]),
+        ("_permute", ["_common.pxd", "_parallel.pxd"]),
+        ("_unpermute", ["_common.pxd", "_parallel.pxd", "_combine.h"]),
+        ("_backward", ["_common.pxd", "_parallel.pxd", "_combine.h", "_backward.h"]),
     ]
 ]
 
 setup(
+    options={"build": {"build_base": build_base}},
     ext_modules=cythonize(
         extensions,
+        build_dir=os.path.join(build_base, "cython") if debug else None,
         language_level=3,
-        annotate=bool(os.environ.get("MOE_CYTHON_ANNOTATE")),
+        annotate=switch("MOE_CYTHON_ANNOTATE", "0"),
         compiler_directives={
-            "boundscheck": False,
-            "wraparound": False,
+            "boundscheck": debug,
+            "wraparound": debug,
             "cdivision": True,
-            "initializedcheck": False,
+            "initializedcheck": debug,
         },
     ),
 )

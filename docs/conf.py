@@ -8,12 +8,12 @@ import importlib.metadata
 import sys
 from pathlib import Path
 
-# A checkout whose extension was built in place (``python setup.py build_ext --inplace``)
-# works without an install.
+# A checkout whose extensions were built in place (``pip install -e .`` does that) works
+# without an install.
 try:
     release = importlib.metadata.version("moe-numba")
 except importlib.metadata.PackageNotFoundError:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     release = "(not installed)"
 
 project = "moe-numba"
@@ -23,9 +23,11 @@ version = release
 
 extensions = [
     "sphinx.ext.autodoc",
-    "sphinx.ext.mathjax",
     "numpydoc",
 ]
+# No math extension: formulas are written in plain text with sub/superscripts, so the pages
+# render offline (sphinx.ext.mathjax would load MathJax from a CDN); a stray :math: role
+# fails the -W build.
 
 exclude_patterns = ["_build", "examples"]
 templates_path = []

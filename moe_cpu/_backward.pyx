@@ -9,7 +9,8 @@ _backward.h. Every output element is computed by one thread from the same inputs
 the thread count, and the status words are reduced in a fixed order: the results never
 depend on the number of threads, and no atomics are needed.
 
-The status layout is ``STATUS_SLOTS`` (names of ``moe_numba._abi``, which checks it at import).
+The status slots are those of moe_unpermute (``UNPERMUTE_*``) and, for
+``unpermute_backward``, ``STATUS_SLOTS`` after them (moe_numba checks both at import).
 """
 
 from cython.parallel cimport prange, threadid
@@ -17,44 +18,36 @@ from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 
+from moe_cpu._common cimport (
+    DATA_BFLOAT16,
+    DATA_FLOAT16,
+    DATA_FLOAT32,
+    UNPERMUTE_BACKWARD_DUPLICATE_FIRST,
+    UNPERMUTE_BACKWARD_DUPLICATE_ROW,
+    UNPERMUTE_BACKWARD_DUPLICATE_SECOND,
+    UNPERMUTE_BACKWARD_STATUS_LEN,
+    UNPERMUTE_BAD_ID,
+    UNPERMUTE_BAD_ID_VALUE,
+    UNPERMUTE_BAD_ROW,
+    UNPERMUTE_BAD_ROW_VALUE,
+    UNPERMUTE_STATUS_LEN,
+    index_t,
+)
 from moe_cpu._parallel cimport num_threads
 
 cdef extern from "_backward.h" nogil:
-    int MOE_DATA_FLOAT32
-    int MOE_DATA_BFLOAT16
-    int MOE_DATA_FLOAT16
     float moe_warp_dot(int dtype, const void* x, const void* y, int64_t H)
     void moe_scale_row(int dtype, const void* x, float p, void* out, int64_t H)
     void moe_store(void* out, int64_t i, float v, int dtype)
 
-cdef enum:
-    # both ops (the layout of moe_unpermute's status)
-    BAD_ID = 0  # smallest flat routing-map slot outside [-1, E)
-    BAD_ID_VALUE = 1
-    BAD_ROW = 2  # smallest flat row-map entry outside [-1, R)
-    BAD_ROW_VALUE = 3
-    PERMUTE_BACKWARD_STATUS_LEN = 4
-    # unpermute_backward only: the smallest row named by two valid entries, and those entries
-    DUPLICATE_ROW = 4
-    DUPLICATE_FIRST = 5
-    DUPLICATE_SECOND = 6
-    UNPERMUTE_BACKWARD_STATUS_LEN = 7
-
+# The status slots this module writes beyond moe_unpermute's, for the caller to check against
+# its own tables.
 STATUS_SLOTS = {
-    "UNPERMUTE_BAD_ID": BAD_ID,
-    "UNPERMUTE_BAD_ID_VALUE": BAD_ID_VALUE,
-    "UNPERMUTE_BAD_ROW": BAD_ROW,
-    "UNPERMUTE_BAD_ROW_VALUE": BAD_ROW_VALUE,
-    "UNPERMUTE_STATUS_LEN": PERMUTE_BACKWARD_STATUS_LEN,
-    "UNPERMUTE_BACKWARD_DUPLICATE_ROW": DUPLICATE_ROW,
-    "UNPERMUTE_BACKWARD_DUPLICATE_FIRST": DUPLICATE_FIRST,
-    "UNPERMUTE_BACKWARD_DUPLICATE_SECOND": DUPLICATE_SECOND,
+    "UNPERMUTE_BACKWARD_DUPLICATE_ROW": UNPERMUTE_BACKWARD_DUPLICATE_ROW,
+    "UNPERMUTE_BACKWARD_DUPLICATE_FIRST": UNPERMUTE_BACKWARD_DUPLICATE_FIRST,
+    "UNPERMUTE_BACKWARD_DUPLICATE_SECOND": UNPERMUTE_BACKWARD_DUPLICATE_SECOND,
     "UNPERMUTE_BACKWARD_STATUS_LEN": UNPERMUTE_BACKWARD_STATUS_LEN,
 }
-
-ctypedef fused index_t:
-    int32_t
-    int64_t
 
 cdef enum:
     TOKEN_CHUNK = 64  # tokens per work item of permute_backward_probs (status kept per chunk)
@@ -62,9 +55,9 @@ cdef enum:
 
 
 cdef int64_t _element_size(int data_type) except -1:
-    if data_type == MOE_DATA_FLOAT32:
+    if data_type == DATA_FLOAT32:
         return 4
-    if data_type == MOE_DATA_BFLOAT16 or data_type == MOE_DATA_FLOAT16:
+    if data_type == DATA_BFLOAT16 or data_type == DATA_FLOAT16:
         return 2
     raise ValueError(
         f"data_type must be DATA_FLOAT32, DATA_BFLOAT16 or DATA_FLOAT16; got {data_type}"
@@ -140,7 +133,7 @@ def permute_backward_probs(
     out_probs : numpy.ndarray
         float32 ``[T, K]``.
     status : numpy.ndarray
-        int64, at least ``STATUS_SLOTS["UNPERMUTE_STATUS_LEN"]`` words.
+        int64, at least ``moe_cpu.STATUS_SLOTS["UNPERMUTE_STATUS_LEN"]`` words.
 
     Raises
     ------
@@ -152,7 +145,7 @@ def permute_backward_probs(
     cdef int64_t i, ch, nchunks = (T + TOKEN_CHUNK - 1) // TOKEN_CHUNK
     _need(routemap.shape[0] == T, "routemap must have as many rows as rowmap")
     _need(out_probs.shape[0] == T and out_probs.shape[1] == K, "out_probs must be [T, K]")
-    _need(status.shape[0] >= PERMUTE_BACKWARD_STATUS_LEN, "status is too short")
+    _need(status.shape[0] >= UNPERMUTE_STATUS_LEN, "status is too short")
     cdef int64_t* seen = <int64_t*>malloc((nthreads * E + 1) * sizeof(int64_t))
     cdef int64_t* chunk_status = <int64_t*>malloc((4 * nchunks + 1) * sizeof(int64_t))
     try:
@@ -161,15 +154,15 @@ def permute_backward_probs(
         with nogil:
             _slot_grads(&grad_probs[0], &rowmap[0, 0], &routemap[0, 0], &out_probs[0, 0], T, E,
                         K, grad_probs.shape[0], chunk_status, seen, nthreads)
-            for i in range(PERMUTE_BACKWARD_STATUS_LEN):
+            for i in range(UNPERMUTE_STATUS_LEN):
                 status[i] = -1
             for ch in range(nchunks):  # chunk order: the smallest flat index is reported
-                if status[BAD_ID] < 0 and chunk_status[4 * ch] >= 0:
-                    status[BAD_ID] = chunk_status[4 * ch]
-                    status[BAD_ID_VALUE] = chunk_status[4 * ch + 1]
-                if status[BAD_ROW] < 0 and chunk_status[4 * ch + 2] >= 0:
-                    status[BAD_ROW] = chunk_status[4 * ch + 2]
-                    status[BAD_ROW_VALUE] = chunk_status[4 * ch + 3]
+                if status[UNPERMUTE_BAD_ID] < 0 and chunk_status[4 * ch] >= 0:
+                    status[UNPERMUTE_BAD_ID] = chunk_status[4 * ch]
+                    status[UNPERMUTE_BAD_ID_VALUE] = chunk_status[4 * ch + 1]
+                if status[UNPERMUTE_BAD_ROW] < 0 and chunk_status[4 * ch + 2] >= 0:
+                    status[UNPERMUTE_BAD_ROW] = chunk_status[4 * ch + 2]
+                    status[UNPERMUTE_BAD_ROW_VALUE] = chunk_status[4 * ch + 3]
     finally:
         free(seen)
         free(chunk_status)
@@ -194,23 +187,24 @@ cdef void _find_owners(UnpermuteGrad* c, int64_t* status) noexcept nogil:
     """Serial, in flat order: so the first bad entry and the first two entries naming a
     row are found without atomics, and a row named twice is known before any row is
     written."""
-    cdef int64_t flat, r
+    cdef int64_t flat, r, twice
     for r in range(c.R):
         c.owner[r] = -1
     for flat in range(c.T * c.E):
         r = c.rowmap[flat]
         if r < -1 or r >= c.R:
-            if status[BAD_ROW] < 0:
-                status[BAD_ROW] = flat
-                status[BAD_ROW_VALUE] = r
+            if status[UNPERMUTE_BAD_ROW] < 0:
+                status[UNPERMUTE_BAD_ROW] = flat
+                status[UNPERMUTE_BAD_ROW_VALUE] = r
         elif r >= 0:
             if c.owner[r] == -1:
                 c.owner[r] = flat
             elif c.owner[r] >= 0:
-                if status[DUPLICATE_ROW] < 0 or r < status[DUPLICATE_ROW]:
-                    status[DUPLICATE_ROW] = r
-                    status[DUPLICATE_FIRST] = c.owner[r]
-                    status[DUPLICATE_SECOND] = flat
+                twice = status[UNPERMUTE_BACKWARD_DUPLICATE_ROW]
+                if twice < 0 or r < twice:
+                    status[UNPERMUTE_BACKWARD_DUPLICATE_ROW] = r
+                    status[UNPERMUTE_BACKWARD_DUPLICATE_FIRST] = c.owner[r]
+                    status[UNPERMUTE_BACKWARD_DUPLICATE_SECOND] = flat
                 c.owner[r] = -2
 
 
@@ -219,8 +213,8 @@ cdef void _check_ids(const index_t* routemap, int64_t n, int64_t E,
     cdef int64_t flat
     for flat in range(n):
         if routemap[flat] < -1 or routemap[flat] >= E:
-            status[BAD_ID] = flat
-            status[BAD_ID_VALUE] = routemap[flat]
+            status[UNPERMUTE_BAD_ID] = flat
+            status[UNPERMUTE_BAD_ID_VALUE] = routemap[flat]
             return
 
 
@@ -257,7 +251,7 @@ cdef void _unpermute_grad(UnpermuteGrad* c, const index_t* routemap,
                     for k in range(c.K):  # every slot the forward filled from this row
                         if routemap[t * c.K + k] == e:
                             d = d + c.grad_probs[t * c.K + k]
-                moe_store(c.out_probs, r, d, MOE_DATA_FLOAT32)
+                moe_store(c.out_probs, r, d, DATA_FLOAT32)
 
 
 def unpermute_backward(
@@ -300,7 +294,7 @@ def unpermute_backward(
     out_probs : numpy.ndarray or None
         float32 ``[R]``.
     status : numpy.ndarray
-        int64, at least ``STATUS_SLOTS["UNPERMUTE_BACKWARD_STATUS_LEN"]`` words.
+        int64, at least ``moe_cpu.STATUS_SLOTS["UNPERMUTE_BACKWARD_STATUS_LEN"]`` words.
     data_type : int
         ``DATA_FLOAT32``, ``DATA_BFLOAT16`` or ``DATA_FLOAT16`` of the rows.
     weighted : bool

@@ -1,8 +1,9 @@
 /* The combine of moe_unpermute for one token, and the exact float conversions it needs.
  *
- * Rounding is part of the contract (SPEC.md section 2), so this file is built with
- * -ffp-contract=off: the only fused multiply-add is the explicit fmaf of the weighted combine.
- * Type punning goes through memcpy (pointer casts broke strict aliasing at -O3).
+ * Rounding is part of the contract (docs/contract.rst, "Precision and determinism"), so this
+ * file is built with -ffp-contract=off: the only fused multiply-add is the explicit fmaf of the
+ * weighted combine.
+ * Type punning goes through memcpy (a pointer cast breaks strict aliasing at -O3).
  * The float16 conversions are integer bit operations (plus one exact subtraction for
  * subnormals), written as selects and masks so that the loops vectorise.
  */
@@ -13,15 +14,14 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Data-type codes; must equal DATA_* of moe_numba/_abi.py (checked at import by _unpermute). */
+/* Data-type codes; must equal DATA_* of _common.pxd (checked at import by _unpermute). */
 #define MOE_DATA_FLOAT32 0
 #define MOE_DATA_BFLOAT16 1
 #define MOE_DATA_FLOAT16 2
 
 /* H is combined in blocks of this many elements: the float32 accumulator of a block stays in
    registers/L1 while the token's rows stream through it. Short blocks switch between the rows
-   often, which keeps more of them in flight: 128 ran 1.4x faster than 512 and 2048 (bf16,
-   H = 2048, 8 rows per token, 2 cores). */
+   often, which keeps more of them in flight (measured: docs/design-notes.rst). */
 #ifndef MOE_COMBINE_BLOCK
 #define MOE_COMBINE_BLOCK 128
 #endif
@@ -66,9 +66,9 @@ MOE_INLINE float moe_f16_to_f32(uint16_t h) {
     uint32_t special = (em << 13) | 0x7F800000u; /* inf, and NaN with its payload */
     /* zero and subnormals, m * 2^-24 = (2^-14 + m * 2^-24) - 2^-14: the one float operation
        here, exact (no rounding; every value involved is a normal float32, so FTZ/DAZ do not
-       matter either). Normalising m with integer shifts instead ran 2.7x slower. It runs on
-       every lane and is merged with masks: a float operation under a condition would stop
-       the vectoriser (-ftrapping-math). */
+       matter either), and cheaper than normalising m with integer shifts. It runs on every
+       lane and is merged with masks: a float operation under a condition would stop the
+       vectoriser (-ftrapping-math). */
     uint32_t subnormal = moe_f32_to_bits(moe_bits_to_f32((113u << 23) | ((em & 0x3FFu) << 13))
                                          - 0x1p-14f);
     uint32_t is_subnormal = 0u - (uint32_t)(em < 0x400u);

@@ -1,4 +1,22 @@
-"""moe_permute on the CPU: count -> scan -> place -> gather, as the GPU kernels.
+"""moe_permute on the CPU: count -> scan -> place -> gather, over fixed chunks of tokens.
+
+count
+    Flag the slots that count (a valid id, the first slot of its expert in the token),
+    histogram them per chunk, note each chunk's first bad and first repeated id.
+scan
+    Per expert: the exclusive scan of the chunk histograms (each chunk's first rank), the
+    capacity and the first row; the status words.
+place
+    Give each counting slot its row (tokens ascending within an expert): the rowmap, and the
+    source slot of every row.
+gather
+    Row-major over the output: copy each filled row's token bytes, probability and expert;
+    zero the padding rows.
+
+The GPU kernels (``moe_numba.kernels``) use the same stage names but divide the work another
+way: their count also ranks each slot within its chunk, and their gather is token-major (the
+rows of one token are written together) and places each row itself, so they have no place
+stage of their own.
 
 Tokens are split into chunks of a fixed size (independent of the thread count), so every stage
 gives the same result with any number of threads.
@@ -9,13 +27,35 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, INT64_MAX
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 
+from moe_cpu._common cimport (
+    PERMUTE_BAD_ID,
+    PERMUTE_BAD_ID_VALUE,
+    PERMUTE_DUPLICATE,
+    PERMUTE_DUPLICATE_VALUE,
+    PERMUTE_MISMATCH,
+    PERMUTE_MISMATCH_COUNT,
+    PERMUTE_ROWS_NEEDED,
+    PERMUTE_STATUS_LEN,
+    index_t,
+    shape_error,
+)
 from moe_cpu._parallel cimport num_threads
 
-from moe_numba import _abi
+# The status slots this module writes, for the caller to check against its own table.
+STATUS_SLOTS = {
+    "PERMUTE_BAD_ID": PERMUTE_BAD_ID,
+    "PERMUTE_BAD_ID_VALUE": PERMUTE_BAD_ID_VALUE,
+    "PERMUTE_DUPLICATE": PERMUTE_DUPLICATE,
+    "PERMUTE_DUPLICATE_VALUE": PERMUTE_DUPLICATE_VALUE,
+    "PERMUTE_MISMATCH": PERMUTE_MISMATCH,
+    "PERMUTE_MISMATCH_COUNT": PERMUTE_MISMATCH_COUNT,
+    "PERMUTE_ROWS_NEEDED": PERMUTE_ROWS_NEEDED,
+    "PERMUTE_STATUS_LEN": PERMUTE_STATUS_LEN,
+}
 
 # Row copies of the gather. A large output is written with non-temporal stores: it does not fit
-# in the cache anyway, and streaming it skips reading every destination line first (1.2x faster
-# here). x86-64 only (SSE2 is baseline there).
+# in the cache anyway, and streaming it skips reading every destination line first. x86-64 only
+# (SSE2 is baseline there).
 cdef extern from *:
     """
     #if defined(__SSE2__)
@@ -62,10 +102,6 @@ cdef extern from *:
     void moe_stream_fence() noexcept nogil
     bint MOE_CAN_STREAM
 
-ctypedef fused index_t:
-    int32_t
-    int64_t
-
 cdef enum:
     TOKEN_CHUNK = 512  # tokens per chunk of the count and place stages
 
@@ -73,15 +109,6 @@ cdef enum:
 cdef int64_t STREAM_MIN_BYTES = 8 << 20
 # bytes of output rows per work item of the gather
 cdef int64_t GATHER_CHUNK_BYTES = 1 << 18
-
-cdef Py_ssize_t BAD_ID = _abi.PERMUTE_BAD_ID
-cdef Py_ssize_t BAD_ID_VALUE = _abi.PERMUTE_BAD_ID_VALUE
-cdef Py_ssize_t DUPLICATE = _abi.PERMUTE_DUPLICATE
-cdef Py_ssize_t DUPLICATE_VALUE = _abi.PERMUTE_DUPLICATE_VALUE
-cdef Py_ssize_t MISMATCH = _abi.PERMUTE_MISMATCH
-cdef Py_ssize_t MISMATCH_COUNT = _abi.PERMUTE_MISMATCH_COUNT
-cdef Py_ssize_t ROWS_NEEDED = _abi.PERMUTE_ROWS_NEEDED
-cdef Py_ssize_t STATUS_LEN = _abi.PERMUTE_STATUS_LEN
 
 
 cdef struct Plan:
@@ -164,24 +191,24 @@ cdef void _scan(Plan* p, const int64_t* capacity, int64_t* status) noexcept nogi
             row[e] = count[e]
             count[e] += tmp
 
-    for e in range(STATUS_LEN):
+    for e in range(PERMUTE_STATUS_LEN):
         status[e] = -1
     for c in range(p.nchunks):
         if p.chunk_status[4 * c] >= 0:
-            status[BAD_ID] = p.chunk_status[4 * c]
-            status[BAD_ID_VALUE] = p.chunk_status[4 * c + 1]
+            status[PERMUTE_BAD_ID] = p.chunk_status[4 * c]
+            status[PERMUTE_BAD_ID_VALUE] = p.chunk_status[4 * c + 1]
             break
     for c in range(p.nchunks):
         if p.chunk_status[4 * c + 2] >= 0:
-            status[DUPLICATE] = p.chunk_status[4 * c + 2]
-            status[DUPLICATE_VALUE] = p.chunk_status[4 * c + 3]
+            status[PERMUTE_DUPLICATE] = p.chunk_status[4 * c + 2]
+            status[PERMUTE_DUPLICATE_VALUE] = p.chunk_status[4 * c + 3]
             break
 
     for e in range(p.E):
         n = count[e] if capacity == NULL else capacity[e]
-        if capacity != NULL and n != count[e] and status[MISMATCH] < 0:
-            status[MISMATCH] = e
-            status[MISMATCH_COUNT] = count[e]
+        if capacity != NULL and n != count[e] and status[PERMUTE_MISMATCH] < 0:
+            status[PERMUTE_MISMATCH] = e
+            status[PERMUTE_MISMATCH_COUNT] = count[e]
         n = max(n, 0)
         p.capacity[e] = n
         # saturated: an offset past R only means that the expert's tokens are dropped
@@ -189,7 +216,7 @@ cdef void _scan(Plan* p, const int64_t* capacity, int64_t* status) noexcept nogi
         tmp = _padded(n, p.A)
         total = INT64_MAX if tmp > INT64_MAX - total else total + tmp
     if capacity == NULL and total > p.R:
-        status[ROWS_NEEDED] = total
+        status[PERMUTE_ROWS_NEEDED] = total
 
 
 cdef void _place(Plan* p, const index_t* routemap, int32_t* rowmap, int nthreads) noexcept nogil:
@@ -261,17 +288,31 @@ cdef void _gather(Plan* p, const index_t* routemap, const float* probs,
             moe_stream_fence()  # order this thread's streaming stores before the join
 
 
-def permute(hidden, scale, const index_t[:, ::1] routemap, const float[:, ::1] probs,
-            capacity, int64_t alignment, out_hidden, out_scale, int32_t[:, ::1] out_rowmap,
-            float[::1] out_probs, out_indices, int64_t[::1] status, bint validate):
+def permute(
+    const uint8_t[:, ::1] hidden,                # IN   [T, hb] or None
+    const uint8_t[:, ::1] scale,                 # IN   [T, sb] or None
+    const index_t[:, ::1] routemap not None,     # IN   [T, K]
+    const float[:, ::1] probs not None,          # IN   [T, K]
+    const int64_t[::1] capacity,                 # IN   [E] or None
+    uint8_t[:, ::1] out_hidden,                  # OUT  [R, hb] or None
+    uint8_t[:, ::1] out_scale,                   # OUT  [R, sb] or None
+    int32_t[:, ::1] out_rowmap not None,         # OUT  [T, E]
+    float[::1] out_probs not None,               # OUT  [R]
+    int32_t[::1] out_indices,                    # OUT  [R] or None
+    int64_t[::1] status not None,                # OUT  [PERMUTE_STATUS_LEN]
+    *,
+    int64_t alignment,
+    bint validate,
+):
     """Backend of ``moe_permute``: fill the preallocated outputs and the status words.
 
-    The caller has checked every shape, dtype and contiguity; values may be anything.
+    The shapes must agree with each other (checked here); the values may be anything: bad
+    ones are reported in `status` and follow the contract's rules for ``validate=False``.
 
     Parameters
     ----------
     hidden : numpy.ndarray or None
-        uint8 ``[T, hb]``: the bytes of each token row; None when not gathering.
+        uint8 ``[T, hb]``: the bytes of each token row; None when rows are not gathered.
     scale : numpy.ndarray or None
         uint8 ``[T, sb]``: the bytes of each scale row; None when there is none to gather.
     routemap : numpy.ndarray
@@ -279,9 +320,7 @@ def permute(hidden, scale, const index_t[:, ::1] routemap, const float[:, ::1] p
     probs : numpy.ndarray
         float32 ``[T, K]`` routing probabilities.
     capacity : numpy.ndarray or None
-        int64 ``[E]`` tokens per expert, or None to use the counts (override mode).
-    alignment : int
-        Rows per padding unit, >= 1.
+        int64 ``[E]`` tokens per expert, or None to use the counts (``override_buffer_size``).
     out_hidden, out_scale : numpy.ndarray or None
         uint8 ``[R, hb]`` and ``[R, sb]``, given exactly when `hidden` and `scale` are.
     out_rowmap : numpy.ndarray
@@ -289,53 +328,46 @@ def permute(hidden, scale, const index_t[:, ::1] routemap, const float[:, ::1] p
     out_probs : numpy.ndarray
         float32 ``[R]``; its shape gives R.
     out_indices : numpy.ndarray or None
-        int32 ``[R]`` owning expert of each row.
+        int32 ``[R]`` owning expert of each row, or None when not asked for.
     status : numpy.ndarray
-        int64 ``[PERMUTE_STATUS_LEN]``, see :mod:`moe_numba._abi`.
+        int64 ``[PERMUTE_STATUS_LEN]``; the slots are :data:`moe_cpu.STATUS_SLOTS`.
+    alignment : int
+        Rows per padding unit, >= 1.
     validate : bool
         When true and `status` reports an error, return without writing the outputs.
+
+    Raises
+    ------
+    ValueError
+        For shapes that disagree, an output given without its input (or the reverse), or
+        ``alignment < 1``.
     """
     cdef Plan p
     cdef int nthreads = num_threads()
-    cdef const uint8_t[:, ::1] hid, sc
-    cdef uint8_t[:, ::1] ohid, osc
-    cdef const int64_t[::1] cap
-    cdef int32_t[::1] ind
-    cdef const uint8_t* hidden_ptr = NULL
-    cdef const uint8_t* scale_ptr = NULL
-    cdef uint8_t* out_hidden_ptr = NULL
-    cdef uint8_t* out_scale_ptr = NULL
-    cdef const int64_t* cap_ptr = NULL
-    cdef int32_t* indices_ptr = NULL
-    cdef int64_t hb = 0, sb = 0
+    cdef int64_t hb = 0 if hidden is None else hidden.shape[1]
+    cdef int64_t sb = 0 if scale is None else scale.shape[1]
     cdef Py_ssize_t i
 
-    if hidden is not None and out_hidden is not None:
-        hid = hidden
-        ohid = out_hidden
-        hb = hid.shape[1]
-        hidden_ptr = &hid[0, 0]
-        out_hidden_ptr = &ohid[0, 0]
-    if scale is not None and out_scale is not None:
-        sc = scale
-        osc = out_scale
-        sb = sc.shape[1]
-        scale_ptr = &sc[0, 0]
-        out_scale_ptr = &osc[0, 0]
-    if capacity is not None:
-        cap = capacity
-        cap_ptr = &cap[0]
-    if out_indices is not None:
-        ind = out_indices
-        indices_ptr = &ind[0]
-
-    if alignment < 1:
-        raise ValueError(f"alignment must be >= 1, got {alignment}")
     p.T = routemap.shape[0]
     p.K = routemap.shape[1]
     p.E = out_rowmap.shape[1]
     p.R = out_probs.shape[0]
     p.A = alignment
+    _check_permute_shapes(hidden, scale, probs, capacity, out_hidden, out_scale, out_rowmap,
+                          out_indices, status, &p)
+    if alignment < 1:
+        raise ValueError(f"alignment must be >= 1; got {alignment}")
+    cdef const uint8_t* hidden_ptr = NULL if p.T == 0 or hidden is None else &hidden[0, 0]
+    cdef const uint8_t* scale_ptr = NULL if p.T == 0 or scale is None else &scale[0, 0]
+    cdef const index_t* routemap_ptr = NULL if p.T == 0 else &routemap[0, 0]
+    cdef const float* probs_ptr = NULL if p.T == 0 else &probs[0, 0]
+    cdef const int64_t* capacity_ptr = NULL if capacity is None else &capacity[0]
+    cdef uint8_t* out_hidden_ptr = NULL if p.R == 0 or out_hidden is None else &out_hidden[0, 0]
+    cdef uint8_t* out_scale_ptr = NULL if p.R == 0 or out_scale is None else &out_scale[0, 0]
+    cdef int32_t* rowmap_ptr = NULL if p.T == 0 else &out_rowmap[0, 0]
+    cdef float* out_probs_ptr = NULL if p.R == 0 else &out_probs[0]
+    cdef int32_t* indices_ptr = NULL if p.R == 0 or out_indices is None else &out_indices[0]
+
     p.nchunks = (p.T + TOKEN_CHUNK - 1) // TOKEN_CHUNK
     # +1: malloc(0) may return NULL
     p.counted = <uint8_t*>malloc(p.T * p.K + 1)
@@ -354,13 +386,13 @@ def permute(hidden, scale, const index_t[:, ::1] routemap, const float[:, ::1] p
         with nogil:
             for i in range(nthreads * p.E):
                 p.seen[i] = -1
-            _count(&p, &routemap[0, 0], nthreads)
-            _scan(&p, cap_ptr, &status[0])
+            _count(&p, routemap_ptr, nthreads)
+            _scan(&p, capacity_ptr, &status[0])
             if not (validate and _has_error(&status[0])):
                 memset(p.source, 0xFF, p.R * sizeof(int64_t))  # all -1; cheap next to the gather
-                _place(&p, &routemap[0, 0], &out_rowmap[0, 0], nthreads)
-                _gather(&p, &routemap[0, 0], &probs[0, 0], hidden_ptr, out_hidden_ptr, hb,
-                        scale_ptr, out_scale_ptr, sb, &out_probs[0], indices_ptr, nthreads)
+                _place(&p, routemap_ptr, rowmap_ptr, nthreads)
+                _gather(&p, routemap_ptr, probs_ptr, hidden_ptr, out_hidden_ptr, hb,
+                        scale_ptr, out_scale_ptr, sb, out_probs_ptr, indices_ptr, nthreads)
     finally:
         free(p.counted)
         free(p.ranks)
@@ -372,9 +404,51 @@ def permute(hidden, scale, const index_t[:, ::1] routemap, const float[:, ::1] p
         free(p.source)
 
 
+cdef int _check_permute_shapes(
+    const uint8_t[:, ::1] hidden, const uint8_t[:, ::1] scale, const float[:, ::1] probs,
+    const int64_t[::1] capacity, uint8_t[:, ::1] out_hidden, uint8_t[:, ::1] out_scale,
+    int32_t[:, ::1] out_rowmap, int32_t[::1] out_indices, int64_t[::1] status, Plan* p,
+) except -1:
+    """Raise ValueError unless every shape agrees with routemap's [T, K], E and R."""
+    if probs.shape[0] != p.T or probs.shape[1] != p.K:
+        raise shape_error("probs", (probs.shape[0], probs.shape[1]), "[T, K]", (p.T, p.K))
+    if out_rowmap.shape[0] != p.T:
+        raise shape_error("out_rowmap", (out_rowmap.shape[0], p.E), "[T, E]", (p.T, p.E))
+    if capacity is not None and capacity.shape[0] != p.E:
+        raise shape_error("capacity", (capacity.shape[0],), "[E]", (p.E,))
+    _check_rows("hidden", hidden, "out_hidden", out_hidden, p, "hb")
+    _check_rows("scale", scale, "out_scale", out_scale, p, "sb")
+    if out_indices is not None and out_indices.shape[0] != p.R:
+        raise shape_error("out_indices", (out_indices.shape[0],), "[R]", (p.R,))
+    if status.shape[0] != PERMUTE_STATUS_LEN:
+        raise shape_error("status", (status.shape[0],), "[PERMUTE_STATUS_LEN]",
+                          (PERMUTE_STATUS_LEN,))
+    return 0
+
+
+cdef int _check_rows(str name, const uint8_t[:, ::1] rows, str out_name, uint8_t[:, ::1] out,
+                     Plan* p, str width) except -1:
+    """Raise ValueError unless rows [T, width] and out [R, width] are both given or both None."""
+    if (rows is None) != (out is None):
+        raise ValueError(f"{name} and {out_name} must both be arrays or both be None; got "
+                         f"{name}={_kind(rows)}, {out_name}={_kind(out)}")
+    if rows is None:
+        return 0
+    cdef int64_t w = rows.shape[1]
+    if rows.shape[0] != p.T:
+        raise shape_error(name, (rows.shape[0], w), f"[T, {width}]", (p.T, w))
+    if out.shape[0] != p.R or out.shape[1] != w:
+        raise shape_error(out_name, (out.shape[0], out.shape[1]), f"[R, {width}]", (p.R, w))
+    return 0
+
+
+cdef str _kind(x):
+    return "None" if x is None else "an array"
+
+
 cdef bint _has_error(const int64_t* status) noexcept nogil:
     cdef Py_ssize_t i
-    for i in range(STATUS_LEN):
+    for i in range(PERMUTE_STATUS_LEN):
         if status[i] != -1:
             return True
     return False

@@ -1,6 +1,9 @@
 import numpy as np
 import numpy.typing as npt
 
+STATUS_SLOTS: dict[str, int]
+DATA_TYPES: dict[str, int]
+
 def unpermute(
     rows: npt.NDArray[np.float32] | npt.NDArray[np.uint16],
     rowmap: npt.NDArray[np.int32],
@@ -9,6 +12,7 @@ def unpermute(
     out_hidden: npt.NDArray[np.float32] | npt.NDArray[np.uint16],
     out_probs: npt.NDArray[np.float32],
     status: npt.NDArray[np.int64],
+    *,
     data_type: int,
     weighted: bool,
     mix_precision: bool,

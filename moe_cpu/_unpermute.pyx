@@ -1,16 +1,35 @@
-"""moe_unpermute on the CPU: the combine stage, tokens in parallel.
+"""moe_unpermute on the CPU: check -> combine, in one pass over chunks of tokens.
 
-The arithmetic of one token lives in _combine.h (C, so that it can be compiled for AVX2/FMA
-next to a baseline version); this module gathers each token's rows and reports bad values.
+check
+    Note each chunk's first ``zipped_expertwise_rowmap`` entry outside [-1, R) and first
+    routing id outside [-1, E); the status words take the first of all chunks. Bad entries
+    count as -1 in the combine whether or not the caller validates.
+combine
+    Per token: its rows in ascending expert id folded into a float32 accumulator (the
+    arithmetic of one token is in _combine.h, in C, so that it can be compiled for AVX2/FMA
+    next to a baseline version), then the probability of each of its slots.
+
+The GPU kernels (``moe_numba.kernels``) run the check as kernels of their own beside the
+combine; here it rides along the combine's reading of the same entries.
 """
 
 from cython.parallel cimport prange, threadid
 from libc.stdint cimport int32_t, int64_t, uint16_t
 from libc.stdlib cimport free, malloc
 
+from moe_cpu._common cimport (
+    DATA_BFLOAT16,
+    DATA_FLOAT16,
+    DATA_FLOAT32,
+    UNPERMUTE_BAD_ID,
+    UNPERMUTE_BAD_ID_VALUE,
+    UNPERMUTE_BAD_ROW,
+    UNPERMUTE_BAD_ROW_VALUE,
+    UNPERMUTE_STATUS_LEN,
+    index_t,
+    shape_error,
+)
 from moe_cpu._parallel cimport num_threads
-
-from moe_numba import _abi
 
 cdef extern from "_combine.h" nogil:
     int MOE_DATA_FLOAT32
@@ -24,19 +43,24 @@ cdef extern from "_combine.h" nogil:
     void moe_narrow_array(int dtype, const float* src, uint16_t* dst, int64_t n)
 
 if (MOE_DATA_FLOAT32, MOE_DATA_BFLOAT16, MOE_DATA_FLOAT16) != (
-    _abi.DATA_FLOAT32, _abi.DATA_BFLOAT16, _abi.DATA_FLOAT16
+    DATA_FLOAT32, DATA_BFLOAT16, DATA_FLOAT16
 ):
-    raise ImportError("moe_cpu._combine.h and moe_numba._abi disagree on the DATA_* codes")
+    raise ImportError("moe_cpu: _combine.h and _common.pxd disagree on the data-type codes")
 
-cdef Py_ssize_t BAD_ID = _abi.UNPERMUTE_BAD_ID
-cdef Py_ssize_t BAD_ID_VALUE = _abi.UNPERMUTE_BAD_ID_VALUE
-cdef Py_ssize_t BAD_ROW = _abi.UNPERMUTE_BAD_ROW
-cdef Py_ssize_t BAD_ROW_VALUE = _abi.UNPERMUTE_BAD_ROW_VALUE
-cdef Py_ssize_t STATUS_LEN = _abi.UNPERMUTE_STATUS_LEN
-
-ctypedef fused index_t:
-    int32_t
-    int64_t
+# The status slots this module writes and the data-type codes it takes, for the caller to
+# check against its own tables.
+STATUS_SLOTS = {
+    "UNPERMUTE_BAD_ID": UNPERMUTE_BAD_ID,
+    "UNPERMUTE_BAD_ID_VALUE": UNPERMUTE_BAD_ID_VALUE,
+    "UNPERMUTE_BAD_ROW": UNPERMUTE_BAD_ROW,
+    "UNPERMUTE_BAD_ROW_VALUE": UNPERMUTE_BAD_ROW_VALUE,
+    "UNPERMUTE_STATUS_LEN": UNPERMUTE_STATUS_LEN,
+}
+DATA_TYPES = {
+    "DATA_FLOAT32": DATA_FLOAT32,
+    "DATA_BFLOAT16": DATA_BFLOAT16,
+    "DATA_FLOAT16": DATA_FLOAT16,
+}
 
 ctypedef fused row_t:
     float
@@ -110,13 +134,23 @@ cdef void _combine(Combine* c, const index_t* routemap, int nthreads) noexcept n
                 c.out_probs[flat] = w
 
 
-def unpermute(const row_t[:, ::1] rows, const int32_t[:, ::1] rowmap,
-              const index_t[:, ::1] routemap, const float[::1] probs, row_t[:, ::1] out_hidden,
-              float[:, ::1] out_probs, int64_t[::1] status, int data_type, bint weighted,
-              bint mix_precision):
+def unpermute(
+    const row_t[:, ::1] rows not None,           # IN   [R, H]
+    const int32_t[:, ::1] rowmap not None,       # IN   [T, E]
+    const index_t[:, ::1] routemap not None,     # IN   [T, K]
+    const float[::1] probs not None,             # IN   [R]
+    row_t[:, ::1] out_hidden not None,           # OUT  [T, H]
+    float[:, ::1] out_probs not None,            # OUT  [T, K]
+    int64_t[::1] status not None,                # OUT  [UNPERMUTE_STATUS_LEN]
+    *,
+    int data_type,
+    bint weighted,
+    bint mix_precision,
+):
     """Backend of ``moe_unpermute``: fill the preallocated outputs and the status words.
 
-    The caller has checked every shape, dtype and contiguity; values may be anything.
+    The shapes must agree with each other (checked here); the values may be anything: bad
+    ones are reported in `status` and count as -1.
 
     Parameters
     ----------
@@ -133,9 +167,9 @@ def unpermute(const row_t[:, ::1] rows, const int32_t[:, ::1] rowmap,
     out_probs : numpy.ndarray
         float32 ``[T, K]``.
     status : numpy.ndarray
-        int64 ``[UNPERMUTE_STATUS_LEN]``, see :mod:`moe_numba._abi`.
+        int64 ``[UNPERMUTE_STATUS_LEN]``; the slots are :data:`moe_cpu.STATUS_SLOTS`.
     data_type : int
-        ``DATA_FLOAT32``, ``DATA_BFLOAT16`` or ``DATA_FLOAT16`` of :mod:`moe_numba._abi`.
+        The code in :data:`moe_cpu.DATA_TYPES` of the rows' element type.
     weighted : bool
         Accumulate ``fma(row, prob, acc)`` instead of ``acc + row``.
     mix_precision : bool
@@ -144,31 +178,46 @@ def unpermute(const row_t[:, ::1] rows, const int32_t[:, ::1] rowmap,
     Raises
     ------
     ValueError
-        If `data_type` does not match the element type of `rows`.
+        If `data_type` does not match the element type of `rows`, or shapes disagree.
     """
     cdef Combine c
     cdef int nthreads = num_threads()
     cdef int64_t i, ch, nchunks
     if row_t is float:
-        if data_type != MOE_DATA_FLOAT32:
-            raise ValueError(f"float32 rows need data_type DATA_FLOAT32, got {data_type}")
-    elif data_type != MOE_DATA_BFLOAT16 and data_type != MOE_DATA_FLOAT16:
-        raise ValueError(f"uint16 rows need data_type DATA_BFLOAT16/FLOAT16, got {data_type}")
+        if data_type != DATA_FLOAT32:
+            raise ValueError(f"float32 rows need data_type DATA_FLOAT32; got {data_type}")
+    elif data_type != DATA_BFLOAT16 and data_type != DATA_FLOAT16:
+        raise ValueError(f"uint16 rows need data_type DATA_BFLOAT16 or DATA_FLOAT16; got "
+                         f"{data_type}")
 
     c.T = rowmap.shape[0]
     c.E = rowmap.shape[1]
     c.K = routemap.shape[1]
     c.R = rows.shape[0]
     c.H = rows.shape[1]
+    if routemap.shape[0] != c.T:
+        raise shape_error("routemap", (routemap.shape[0], c.K), "[T, K]", (c.T, c.K))
+    if probs.shape[0] != c.R:
+        raise shape_error("probs", (probs.shape[0],), "[R]", (c.R,))
+    if out_hidden.shape[0] != c.T or out_hidden.shape[1] != c.H:
+        raise shape_error("out_hidden", (out_hidden.shape[0], out_hidden.shape[1]), "[T, H]",
+                          (c.T, c.H))
+    if out_probs.shape[0] != c.T or out_probs.shape[1] != c.K:
+        raise shape_error("out_probs", (out_probs.shape[0], out_probs.shape[1]), "[T, K]",
+                          (c.T, c.K))
+    if status.shape[0] != UNPERMUTE_STATUS_LEN:
+        raise shape_error("status", (status.shape[0],), "[UNPERMUTE_STATUS_LEN]",
+                          (UNPERMUTE_STATUS_LEN,))
     c.elem_size = sizeof(row_t)
     c.dtype = data_type
     c.weighted = weighted
     c.mix_precision = mix_precision
-    c.rows = <const char*>&rows[0, 0]
-    c.rowmap = &rowmap[0, 0]
-    c.probs = &probs[0]
-    c.out_hidden = <char*>&out_hidden[0, 0]
-    c.out_probs = &out_probs[0, 0]
+    c.rows = NULL if c.R == 0 else <const char*>&rows[0, 0]
+    c.rowmap = NULL if c.T == 0 else &rowmap[0, 0]
+    c.probs = NULL if c.R == 0 else &probs[0]
+    c.out_hidden = NULL if c.T == 0 else <char*>&out_hidden[0, 0]
+    c.out_probs = NULL if c.T == 0 else &out_probs[0, 0]
+    cdef const index_t* routemap_ptr = NULL if c.T == 0 else &routemap[0, 0]
     nchunks = (c.T + TOKEN_CHUNK - 1) // TOKEN_CHUNK
     # 64-byte multiples so that the threads' scratch never shares a cache line
     c.scratch_stride = (4 * MOE_COMBINE_BLOCK + 12 * c.E + 63) // 64 * 64
@@ -179,16 +228,16 @@ def unpermute(const row_t[:, ::1] rows, const int32_t[:, ::1] rowmap,
             raise MemoryError("moe_cpu.unpermute: out of memory for the scratch buffers")
         c.scratch = scratch + (-<size_t>scratch) % 64
         with nogil:
-            _combine(&c, &routemap[0, 0], nthreads)
-            for i in range(STATUS_LEN):
+            _combine(&c, routemap_ptr, nthreads)
+            for i in range(UNPERMUTE_STATUS_LEN):
                 status[i] = -1
             for ch in range(nchunks):
-                if status[BAD_ID] < 0 and c.chunk_status[4 * ch] >= 0:
-                    status[BAD_ID] = c.chunk_status[4 * ch]
-                    status[BAD_ID_VALUE] = c.chunk_status[4 * ch + 1]
-                if status[BAD_ROW] < 0 and c.chunk_status[4 * ch + 2] >= 0:
-                    status[BAD_ROW] = c.chunk_status[4 * ch + 2]
-                    status[BAD_ROW_VALUE] = c.chunk_status[4 * ch + 3]
+                if status[UNPERMUTE_BAD_ID] < 0 and c.chunk_status[4 * ch] >= 0:
+                    status[UNPERMUTE_BAD_ID] = c.chunk_status[4 * ch]
+                    status[UNPERMUTE_BAD_ID_VALUE] = c.chunk_status[4 * ch + 1]
+                if status[UNPERMUTE_BAD_ROW] < 0 and c.chunk_status[4 * ch + 2] >= 0:
+                    status[UNPERMUTE_BAD_ROW] = c.chunk_status[4 * ch + 2]
+                    status[UNPERMUTE_BAD_ROW_VALUE] = c.chunk_status[4 * ch + 3]
     finally:
         free(scratch)
         free(c.chunk_status)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
-from ._arrays import array_library, call_key, check_arrays, locate
 from ._cache import BoundedCache
 from ._contract import (
+    ArrayMeta,
     PermuteArrays,
     UnpermuteArrays,
     check_permute_metadata,
@@ -16,39 +17,43 @@ from ._contract import (
     raise_for_unpermute_status,
     with_capacities,
 )
+from ._dispatch import call_key, check_arrays, locate
+from ._libraries import array_library
 
 Array: TypeAlias = Any
 """A NumPy array, or a CUDA array: numba device array, CuPy array, PyTorch CUDA tensor or any
 object with ``__cuda_array_interface__``. Outputs are of the caller's kind."""
 
 
-def _shape_of(x):
-    return array_library(x).shape(x)
-
-
-def _dtype_of(x):
-    return array_library(x).dtype(x)
-
-
 _permute_calls = BoundedCache(256)  # call key -> (backend, metadata plan)
 _unpermute_calls = BoundedCache(256)
+
+
+def _metadata(arrays):
+    """The shape and dtype of each array (None stays None), as the contract reads them."""
+    meta = []
+    for x in arrays:
+        library = None if x is None else array_library(x)
+        meta.append(None if x is None else ArrayMeta(library.shape(x), library.dtype(x)))
+    return arrays._make(meta)
 
 
 def _prepare(calls, arrays, scalars, check_metadata):
     """(backend, plan) of a call: where its arrays live, its metadata checked, contiguity and
     device checked, in that order; remembered by :func:`call_key` (errors never are).
 
-    ``arrays`` is the op's arrays NamedTuple; its field names name the arguments in errors.
+    ``arrays`` is the op's arrays NamedTuple (its field names name the arguments in errors);
+    ``scalars`` maps the names of the other arguments that the checks read to their values.
     """
 
     def prepare():
         named = arrays._asdict()
         location = locate(named)
-        plan = check_metadata(*arrays, *scalars, shape_of=_shape_of, dtype_of=_dtype_of)
+        plan = check_metadata(_metadata(arrays), **scalars)
         check_arrays(named)
         return _BACKENDS[location](), plan
 
-    return calls.get_or_compute(call_key(arrays, scalars), prepare)
+    return calls.get_or_compute(call_key(arrays, scalars.values()), prepare)
 
 
 def _cpu_backend():
@@ -66,6 +71,17 @@ def _gpu_backend():
 # location (see ``locate``) -> loader of the backend: both offer ``op(plan, arrays, validate)
 # -> (outputs, status)`` for every op
 _BACKENDS = {"cpu": _cpu_backend, "cuda": _gpu_backend}
+
+
+def _has_torch_tensor(arrays):
+    """Whether any array is a torch tensor (torch is never imported for the answer)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and any(isinstance(x, torch.Tensor) for x in arrays)
+
+
+def _allocator(empty):
+    """The keyword that hands a caller's output allocator to a backend, if there is one."""
+    return {} if empty is None else {"empty": empty}
 
 
 def moe_permute(
@@ -165,23 +181,60 @@ def moe_permute(
            [-1,  2, -1],
            [ 1,  3, -1]], dtype=int32)
     """
-    arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
-    backend, plan = _prepare(
-        _permute_calls,
-        arrays,
-        (
-            num_experts,
-            padding_alignment,
-            do_gather,
-            using_ue8m0_scale,
-            return_expert_indices,
-            override_buffer_size,
-            validate,
-        ),
-        check_permute_metadata,
+    return _moe_permute(
+        hidden_states,
+        scale,
+        expert_routemap_topk,
+        expert_prob_topk,
+        num_experts,
+        tokens_per_expert,
+        padding_alignment,
+        do_gather,
+        using_ue8m0_scale,
+        return_expert_indices,
+        override_buffer_size,
+        validate=validate,
+        torch_ops=True,
     )
+
+
+def _moe_permute(
+    hidden_states,
+    scale,
+    expert_routemap_topk,
+    expert_prob_topk,
+    num_experts,
+    tokens_per_expert,
+    padding_alignment,
+    do_gather=True,
+    using_ue8m0_scale=False,
+    return_expert_indices=False,
+    override_buffer_size=-1,
+    *,
+    validate=True,
+    empty=None,
+    torch_ops=False,
+):
+    """:func:`moe_permute`; ``empty(shape, dtype)``, if given, allocates the CPU backend's
+    outputs; ``torch_ops`` sends calls with torch tensors to the torch custom ops (whose
+    implementations call this function without it)."""
+    arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
+    scalars = dict(
+        num_experts=num_experts,
+        padding_alignment=padding_alignment,
+        do_gather=do_gather,
+        using_ue8m0_scale=using_ue8m0_scale,
+        return_expert_indices=return_expert_indices,
+        override_buffer_size=override_buffer_size,
+        validate=validate,
+    )
+    if torch_ops and _has_torch_tensor(arrays):
+        from .torch import _calls
+
+        return _calls.moe_permute(arrays, scalars, tokens_per_expert)
+    backend, plan = _prepare(_permute_calls, arrays, scalars, check_permute_metadata)
     plan = with_capacities(plan, tokens_per_expert)
-    outputs, status = backend.permute(plan, arrays, validate)
+    outputs, status = backend.permute(plan, arrays, validate, **_allocator(empty))
     if validate:
         raise_for_permute_status(status, plan)
     return outputs.result()
@@ -262,16 +315,51 @@ def moe_unpermute(
     >>> slot_probs
     array([[0.75, 0.25]], dtype=float32)
     """
+    return _moe_unpermute(
+        hidden_states_unzipped,
+        zipped_expertwise_rowmap,
+        expert_routemap_topk,
+        token_prob_unzipped,
+        total_zipped_tokens,
+        num_experts,
+        using_mix_precision,
+        using_weighted_combine,
+        validate=validate,
+        torch_ops=True,
+    )
+
+
+def _moe_unpermute(
+    hidden_states_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+    token_prob_unzipped,
+    total_zipped_tokens,
+    num_experts,
+    using_mix_precision=True,
+    using_weighted_combine=False,
+    *,
+    validate=True,
+    empty=None,
+    torch_ops=False,
+):
+    """:func:`moe_unpermute` (``empty`` and ``torch_ops`` as in :func:`_moe_permute`)."""
     arrays = UnpermuteArrays(
         hidden_states_unzipped, zipped_expertwise_rowmap, expert_routemap_topk, token_prob_unzipped
     )
-    backend, plan = _prepare(
-        _unpermute_calls,
-        arrays,
-        (total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate),
-        check_unpermute_metadata,
+    scalars = dict(
+        total_zipped_tokens=total_zipped_tokens,
+        num_experts=num_experts,
+        using_mix_precision=using_mix_precision,
+        using_weighted_combine=using_weighted_combine,
+        validate=validate,
     )
-    outputs, status = backend.unpermute(plan, arrays, validate)
+    if torch_ops and _has_torch_tensor(arrays):
+        from .torch import _calls
+
+        return _calls.moe_unpermute(arrays, scalars)
+    backend, plan = _prepare(_unpermute_calls, arrays, scalars, check_unpermute_metadata)
+    outputs, status = backend.unpermute(plan, arrays, validate, **_allocator(empty))
     if validate:
         raise_for_unpermute_status(status, plan)
     return outputs

@@ -3,7 +3,7 @@ run, raise (the steps of :mod:`moe_numba._api`)."""
 
 from __future__ import annotations
 
-from ._api import Array, _prepare
+from ._api import Array, _has_torch_tensor, _prepare
 from ._cache import BoundedCache
 from ._contract_backward import (
     PermuteBackwardArrays,
@@ -20,15 +20,31 @@ _unpermute_backward_calls = BoundedCache(256)
 
 def _run(op, calls, arrays, scalars, check_metadata, raise_for_status):
     """Prepare the call, run the backend's ``op`` unless there is nothing to compute (both
-    gradients None: ``(None, None)``), raise for its status words when validating."""
-    validate = scalars[-1]
+    gradients None: ``(None, None)``), raise for its status words when validating.
+
+    torch CPU tensors reach the CPU backend as NumPy views of their memory and the outputs
+    come back as tensors sharing theirs (CUDA tensors go to the GPU backend as they are).
+    The gradient ops are not torch custom ops themselves: the backward of ``moe_numba::
+    permute`` / ``unpermute`` calls them from inside one.
+    """
+    validate = scalars["validate"]
     backend, plan = _prepare(calls, arrays, scalars, check_metadata)
     if not plan.computes:
         return None, None
+    torch_cpu = False
+    if _has_torch_tensor(arrays):
+        from .torch._calls import _check_all_tensors
+
+        _check_all_tensors(arrays)  # as in the forward ops: all torch tensors, or none
+        torch_cpu = all(x is None or x.device.type == "cpu" for x in arrays)
+    if torch_cpu:
+        from .torch._bridge import from_numpy, to_numpy
+
+        arrays = arrays._make(map(to_numpy, arrays))
     outputs, status = getattr(backend, op)(plan, arrays, validate)
     if validate:
         raise_for_status(status, plan)
-    return outputs
+    return tuple(map(from_numpy, outputs)) if torch_cpu else outputs
 
 
 def moe_permute_backward(
@@ -106,7 +122,7 @@ def moe_permute_backward(
         "permute_backward",
         _permute_backward_calls,
         arrays,
-        (validate,),
+        {"validate": validate},
         check_permute_backward_metadata,
         raise_for_permute_backward_status,
     )
@@ -207,7 +223,11 @@ def moe_unpermute_backward(
         "unpermute_backward",
         _unpermute_backward_calls,
         arrays,
-        (using_weighted_combine, num_rows, validate),
+        {
+            "using_weighted_combine": using_weighted_combine,
+            "num_rows": num_rows,
+            "validate": validate,
+        },
         check_unpermute_backward_metadata,
         raise_for_unpermute_backward_status,
     )

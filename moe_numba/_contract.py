@@ -1,9 +1,10 @@
-"""The metadata rules of SPEC.md, the layout plan, and the wording of every error.
+"""The metadata rules of the contract (docs/contract.rst), the layout plan, and the wording
+of every error.
 
-Everything here looks at shapes, dtypes and Python scalars only: it runs before any work
-starts and never touches array contents. Value errors found by the backends come back as
-status words (:mod:`moe_numba._abi`) and are worded by :func:`raise_for_permute_status` and
-:func:`raise_for_unpermute_status`.
+Everything here looks at shapes, dtypes and Python scalars only (the caller reads them into
+:class:`ArrayMeta`): it runs before any work starts and never touches array contents. Value
+errors found by the backends come back as status words (:mod:`moe_numba._abi`) and are worded
+by :func:`raise_for_permute_status` and :func:`raise_for_unpermute_status`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 from . import _abi
 from ._cache import BoundedCache
+from ._libraries import classify, dlpack_cuda
 
 # frozensets: a dtype is hashed once instead of compared with each entry
 HIDDEN_DTYPES = frozenset(
@@ -89,10 +91,8 @@ def capacities_from(tokens_per_expert, num_experts):
             "tokens_per_expert must be a sequence of num_experts ints (or pass "
             f"override_buffer_size >= 0); got {type(tokens_per_expert).__name__}"
         )
-    if hasattr(tokens_per_expert, "__cuda_array_interface__") or (
-        type(tokens_per_expert).__module__.startswith(("torch", "cupy"))
-        and getattr(getattr(tokens_per_expert, "device", None), "type", "cpu") != "cpu"
-    ):
+    library = classify(tokens_per_expert)
+    if (library is not None and library.location == "cuda") or dlpack_cuda(tokens_per_expert):
         raise TypeError(
             "tokens_per_expert must be a host sequence of ints (list, tuple or NumPy array); "
             f"got a CUDA array ({type(tokens_per_expert).__name__}); use "
@@ -122,6 +122,14 @@ def capacities_from(tokens_per_expert, num_experts):
             f"tokens_per_expert must be >= 0; got tokens_per_expert[{e}] = {int(values[e])}"
         )
     return values.astype(np.int64)
+
+
+class ArrayMeta(NamedTuple):
+    """What the checks read of an array: its shape, and its NumPy dtype (None if it has
+    none that moe-numba knows)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype | None
 
 
 class PermuteArrays(NamedTuple):
@@ -218,10 +226,8 @@ def _plan_rows(plan, tokens_per_expert):
 
 
 def check_permute_metadata(
-    hidden_states,
-    scale,
-    expert_routemap_topk,
-    expert_prob_topk,
+    arrays,
+    *,
     num_experts,
     padding_alignment,
     do_gather,
@@ -229,15 +235,13 @@ def check_permute_metadata(
     return_expert_indices,
     override_buffer_size,
     validate,
-    *,
-    shape_of,
-    dtype_of,
 ):
     """Check the metadata of a ``moe_permute`` call (everything but ``tokens_per_expert``) and
     plan its outputs; ``num_rows`` is -1 unless ``override_buffer_size`` fixes it.
 
-    ``shape_of`` and ``dtype_of`` read an array's shape and (NumPy) dtype, whatever its
-    library. Raises ``TypeError``/``ValueError`` naming the argument.
+    ``arrays`` is a :class:`PermuteArrays` of :class:`ArrayMeta` (None for no scale); the
+    other arguments are the call's own. Raises ``TypeError``/``ValueError`` naming the
+    argument.
     """
     do_gather = check_bool("do_gather", do_gather)
     using_ue8m0_scale = check_bool("using_ue8m0_scale", using_ue8m0_scale)
@@ -247,34 +251,31 @@ def check_permute_metadata(
     alignment = check_int("padding_alignment", padding_alignment, 1)
     override = check_int("override_buffer_size", override_buffer_size, -1)
 
-    hidden_shape = shape_of(hidden_states)
+    hidden_shape, hidden_dtype = arrays.hidden_states
     check_ndim("hidden_states", hidden_shape, 2, "[num_tokens, hidden]")
-    hidden_dtype = dtype_of(hidden_states)
     check_dtype("hidden_states", hidden_dtype, HIDDEN_DTYPES)
     num_tokens, hidden = hidden_shape
     if hidden < 1:
         raise ValueError(f"hidden_states must have at least one column; got shape {hidden_shape}")
 
-    routemap_shape = shape_of(expert_routemap_topk)
+    routemap_shape, routemap_dtype = arrays.expert_routemap_topk
     check_ndim("expert_routemap_topk", routemap_shape, 2, "[num_tokens, topk]")
-    check_dtype("expert_routemap_topk", dtype_of(expert_routemap_topk), ROUTEMAP_DTYPES)
+    check_dtype("expert_routemap_topk", routemap_dtype, ROUTEMAP_DTYPES)
     topk = routemap_shape[1]
     check_shape("expert_routemap_topk", routemap_shape, (num_tokens, topk), "[num_tokens, topk]")
     if topk < 1:
         raise ValueError(f"expert_routemap_topk must have topk >= 1 columns; got {routemap_shape}")
-    check_dtype("expert_prob_topk", dtype_of(expert_prob_topk), FLOAT32)
-    check_shape(
-        "expert_prob_topk", shape_of(expert_prob_topk), (num_tokens, topk), "[num_tokens, topk]"
-    )
+    probs_shape, probs_dtype = arrays.expert_prob_topk
+    check_dtype("expert_prob_topk", probs_dtype, FLOAT32)
+    check_shape("expert_prob_topk", probs_shape, (num_tokens, topk), "[num_tokens, topk]")
 
     scale_width, scale_dtype = 0, None
-    if scale is not None:
-        scale_dtype = dtype_of(scale)
+    if arrays.scale is not None:
+        scale_shape, scale_dtype = arrays.scale
         expected = np.dtype(np.int32) if using_ue8m0_scale else np.dtype(np.float32)
         if scale_dtype != expected:
             why = "using_ue8m0_scale=True" if using_ue8m0_scale else "using_ue8m0_scale=False"
             raise TypeError(f"scale must have dtype {expected} with {why}; got {scale_dtype}")
-        scale_shape = shape_of(scale)
         check_ndim("scale", scale_shape, 2, "[num_tokens, scale_width]")
         scale_width = scale_shape[1]
         if scale_shape[0] != num_tokens or scale_width < 1:
@@ -319,30 +320,27 @@ class UnpermutePlan(NamedTuple):
 
 
 def check_unpermute_metadata(
-    hidden_states_unzipped,
-    zipped_expertwise_rowmap,
-    expert_routemap_topk,
-    token_prob_unzipped,
+    arrays,
+    *,
     total_zipped_tokens,
     num_experts,
     using_mix_precision,
     using_weighted_combine,
     validate,
-    *,
-    shape_of,
-    dtype_of,
 ):
-    """Check the metadata of a ``moe_unpermute`` call and plan its outputs (see
-    :func:`check_permute_metadata`)."""
+    """Check the metadata of a ``moe_unpermute`` call and plan its outputs.
+
+    ``arrays`` is an :class:`UnpermuteArrays` of :class:`ArrayMeta`; the other arguments are
+    the call's own. Raises ``TypeError``/``ValueError`` naming the argument.
+    """
     mix_precision = check_bool("using_mix_precision", using_mix_precision)
     weighted = check_bool("using_weighted_combine", using_weighted_combine)
     check_bool("validate", validate)
     num_tokens = check_int("total_zipped_tokens", total_zipped_tokens, 0)
     num_experts = check_int("num_experts", num_experts, 1)
 
-    rows_shape = shape_of(hidden_states_unzipped)
+    rows_shape, dtype = arrays.hidden_states_unzipped
     check_ndim("hidden_states_unzipped", rows_shape, 2, "[rows, hidden]")
-    dtype = dtype_of(hidden_states_unzipped)
     check_dtype("hidden_states_unzipped", dtype, COMBINE_DTYPES)
     num_rows, hidden = rows_shape
     if hidden < 1:
@@ -350,16 +348,17 @@ def check_unpermute_metadata(
             f"hidden_states_unzipped must have at least one column; got shape {rows_shape}"
         )
 
-    check_dtype("zipped_expertwise_rowmap", dtype_of(zipped_expertwise_rowmap), INT32)
+    rowmap_shape, rowmap_dtype = arrays.zipped_expertwise_rowmap
+    check_dtype("zipped_expertwise_rowmap", rowmap_dtype, INT32)
     check_shape(
         "zipped_expertwise_rowmap",
-        shape_of(zipped_expertwise_rowmap),
+        rowmap_shape,
         (num_tokens, num_experts),
         "[total_zipped_tokens, num_experts]",
     )
-    routemap_shape = shape_of(expert_routemap_topk)
+    routemap_shape, routemap_dtype = arrays.expert_routemap_topk
     check_ndim("expert_routemap_topk", routemap_shape, 2, "[total_zipped_tokens, topk]")
-    check_dtype("expert_routemap_topk", dtype_of(expert_routemap_topk), ROUTEMAP_DTYPES)
+    check_dtype("expert_routemap_topk", routemap_dtype, ROUTEMAP_DTYPES)
     topk = routemap_shape[1]
     check_shape(
         "expert_routemap_topk", routemap_shape, (num_tokens, topk), "[total_zipped_tokens, topk]"
@@ -367,8 +366,9 @@ def check_unpermute_metadata(
     if topk < 1:
         raise ValueError(f"expert_routemap_topk must have topk >= 1 columns; got {routemap_shape}")
 
-    check_dtype("token_prob_unzipped", dtype_of(token_prob_unzipped), FLOAT32)
-    prob_shape = tuple(shape_of(token_prob_unzipped))
+    prob_shape, prob_dtype = arrays.token_prob_unzipped
+    check_dtype("token_prob_unzipped", prob_dtype, FLOAT32)
+    prob_shape = tuple(prob_shape)
     if prob_shape not in ((num_rows,), (num_rows, 1)):
         raise ValueError(
             f"token_prob_unzipped must have shape [rows] or [rows, 1] with rows = {num_rows} "

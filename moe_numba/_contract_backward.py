@@ -107,20 +107,21 @@ def _plan(maps, num_rows, hidden, dtype, grad_hidden, grad_prob, weighted=False)
     )
 
 
-def _check_maps(rowmap, routemap, shape_of, dtype_of):
-    """``(T, E, K)`` from the row map ``[T, E]`` int32 and the routing map ``[T, K]``."""
-    rowmap_shape = shape_of(rowmap)
+def _check_maps(rowmap, routemap):
+    """``(T, E, K)`` from the :class:`ArrayMeta` of the row map ``[T, E]`` int32 and of the
+    routing map ``[T, K]``."""
+    rowmap_shape, rowmap_dtype = rowmap
     check_ndim("zipped_expertwise_rowmap", rowmap_shape, 2, "[num_tokens, num_experts]")
-    check_dtype("zipped_expertwise_rowmap", dtype_of(rowmap), INT32)
+    check_dtype("zipped_expertwise_rowmap", rowmap_dtype, INT32)
     num_tokens, num_experts = rowmap_shape
     if num_experts < 1:
         raise ValueError(
             "zipped_expertwise_rowmap must have num_experts >= 1 columns; "
             f"got shape {tuple(rowmap_shape)}"
         )
-    routemap_shape = shape_of(routemap)
+    routemap_shape, routemap_dtype = routemap
     check_ndim("expert_routemap_topk", routemap_shape, 2, "[num_tokens, topk]")
-    check_dtype("expert_routemap_topk", dtype_of(routemap), ROUTEMAP_DTYPES)
+    check_dtype("expert_routemap_topk", routemap_dtype, ROUTEMAP_DTYPES)
     topk = routemap_shape[1]
     if routemap_shape[0] != num_tokens or topk < 1:
         raise ValueError(
@@ -130,11 +131,10 @@ def _check_maps(rowmap, routemap, shape_of, dtype_of):
     return num_tokens, num_experts, topk
 
 
-def _check_gradient_rows(name, x, shape_of, dtype_of):
+def _check_gradient_rows(name, meta):
     """``(shape, dtype)`` of 2-D gradient rows of width >= 1: bfloat16, float16 or float32."""
-    shape = tuple(shape_of(x))
+    shape, dtype = tuple(meta.shape), meta.dtype
     check_ndim(name, shape, 2, "[rows, hidden]")
-    dtype = dtype_of(x)
     if dtype in FLOAT8_DTYPES:
         raise TypeError(
             f"{name} has dtype {dtype}: float8 rows have no gradient (gradient rows are "
@@ -146,90 +146,63 @@ def _check_gradient_rows(name, x, shape_of, dtype_of):
     return shape, dtype
 
 
-def check_permute_backward_metadata(
-    grad_hidden_states_unzipped,
-    grad_token_prob_unzipped,
-    zipped_expertwise_rowmap,
-    expert_routemap_topk,
-    validate,
-    *,
-    shape_of,
-    dtype_of,
-):
+def check_permute_backward_metadata(arrays, *, validate):
     """Check the metadata of a ``moe_permute_backward`` call and plan its outputs.
 
-    T and E come from the row map, K from the routing map, R and H from the gradient rows
-    (R from ``grad_token_prob_unzipped`` when only it is given). Raises ``TypeError`` /
+    ``arrays`` is a :class:`PermuteBackwardArrays` of :class:`ArrayMeta` (or None). T and E
+    come from the row map, K from the routing map, R and H from the gradient rows (R from
+    ``grad_token_prob_unzipped`` when only it is given). Raises ``TypeError`` /
     ``ValueError`` naming the argument.
     """
     check_bool("validate", validate)
-    maps = _check_maps(zipped_expertwise_rowmap, expert_routemap_topk, shape_of, dtype_of)
+    maps = _check_maps(arrays.zipped_expertwise_rowmap, arrays.expert_routemap_topk)
+    grad_rows, grad_probs = arrays.grad_hidden_states_unzipped, arrays.grad_token_prob_unzipped
     num_rows, hidden, dtype = 0, 0, None
-    if grad_hidden_states_unzipped is not None:
-        (num_rows, hidden), dtype = _check_gradient_rows(
-            "grad_hidden_states_unzipped", grad_hidden_states_unzipped, shape_of, dtype_of
-        )
-    if grad_token_prob_unzipped is not None:
+    if grad_rows is not None:
+        (num_rows, hidden), dtype = _check_gradient_rows("grad_hidden_states_unzipped", grad_rows)
+    if grad_probs is not None:
         name = "grad_token_prob_unzipped"
-        check_dtype(name, dtype_of(grad_token_prob_unzipped), FLOAT32)
-        shape = tuple(shape_of(grad_token_prob_unzipped))
+        check_dtype(name, grad_probs.dtype, FLOAT32)
+        shape = tuple(grad_probs.shape)
         if dtype is None:
             check_ndim(name, shape, 1, "[rows]")
             num_rows = shape[0]
         else:
             check_shape(name, shape, (num_rows,), "[rows of grad_hidden_states_unzipped]")
-    return _plan(
-        maps, num_rows, hidden, dtype, grad_hidden_states_unzipped, grad_token_prob_unzipped
-    )
+    return _plan(maps, num_rows, hidden, dtype, grad_rows, grad_probs)
 
 
-def check_unpermute_backward_metadata(
-    grad_hidden_states,
-    grad_expert_prob_topk,
-    hidden_states_unzipped,
-    zipped_expertwise_rowmap,
-    expert_routemap_topk,
-    token_prob_unzipped,
-    using_weighted_combine,
-    num_rows,
-    validate,
-    *,
-    shape_of,
-    dtype_of,
-):
+def check_unpermute_backward_metadata(arrays, *, using_weighted_combine, num_rows, validate):
     """Check the metadata of a ``moe_unpermute_backward`` call and plan its outputs.
 
-    T and E come from the row map, K from the routing map, H from ``grad_hidden_states``, R
-    is ``num_rows``, which every ``[R, ...]`` array given must match. Raises ``TypeError`` /
+    ``arrays`` is an :class:`UnpermuteBackwardArrays` of :class:`ArrayMeta` (or None). T and
+    E come from the row map, K from the routing map, H from ``grad_hidden_states``, R is
+    ``num_rows``, which every ``[R, ...]`` array given must match. Raises ``TypeError`` /
     ``ValueError`` naming the argument.
     """
     weighted = check_bool("using_weighted_combine", using_weighted_combine)
     check_bool("validate", validate)
     num_rows = check_int("num_rows", num_rows, 0)
-    maps = _check_maps(zipped_expertwise_rowmap, expert_routemap_topk, shape_of, dtype_of)
+    maps = _check_maps(arrays.zipped_expertwise_rowmap, arrays.expert_routemap_topk)
     num_tokens, _, topk = maps
+    grad_out, grad_slots = arrays.grad_hidden_states, arrays.grad_expert_prob_topk
     hidden, dtype = 0, None
-    if grad_hidden_states is not None:
-        (rows, hidden), dtype = _check_gradient_rows(
-            "grad_hidden_states", grad_hidden_states, shape_of, dtype_of
-        )
+    if grad_out is not None:
+        (rows, hidden), dtype = _check_gradient_rows("grad_hidden_states", grad_out)
         check_shape(
             "grad_hidden_states", (rows, hidden), (num_tokens, hidden), "[num_tokens, hidden]"
         )
-    if grad_expert_prob_topk is not None:
-        check_dtype("grad_expert_prob_topk", dtype_of(grad_expert_prob_topk), FLOAT32)
+    if grad_slots is not None:
+        check_dtype("grad_expert_prob_topk", grad_slots.dtype, FLOAT32)
         check_shape(
-            "grad_expert_prob_topk",
-            shape_of(grad_expert_prob_topk),
-            (num_tokens, topk),
-            "[num_tokens, topk]",
+            "grad_expert_prob_topk", grad_slots.shape, (num_tokens, topk), "[num_tokens, topk]"
         )
 
-    if hidden_states_unzipped is not None:
+    rows_in = arrays.hidden_states_unzipped
+    if rows_in is not None:
         name = "hidden_states_unzipped"
-        shape = tuple(shape_of(hidden_states_unzipped))
+        shape, rows_dtype = tuple(rows_in.shape), rows_in.dtype
         check_ndim(name, shape, 2, "[num_rows, hidden]")
-        rows_dtype = dtype_of(hidden_states_unzipped)
         if dtype is None:
             check_dtype(name, rows_dtype, COMBINE_DTYPES)
         elif rows_dtype != dtype:
@@ -237,16 +210,17 @@ def check_unpermute_backward_metadata(
                 f"{name} must have the dtype of grad_hidden_states ({dtype}); got {rows_dtype}"
             )
         check_shape(name, shape, (num_rows, hidden or shape[1]), "[num_rows, hidden]")
-    elif weighted and grad_hidden_states is not None:
+    elif weighted and grad_out is not None:
         raise TypeError(
             "hidden_states_unzipped is required when using_weighted_combine=True and "
             "grad_hidden_states is given (the probability gradient is its dot product with "
             "grad_hidden_states); got None"
         )
 
-    if token_prob_unzipped is not None:
-        check_dtype("token_prob_unzipped", dtype_of(token_prob_unzipped), FLOAT32)
-        prob_shape = tuple(shape_of(token_prob_unzipped))
+    probs = arrays.token_prob_unzipped
+    if probs is not None:
+        check_dtype("token_prob_unzipped", probs.dtype, FLOAT32)
+        prob_shape = tuple(probs.shape)
         if prob_shape not in ((num_rows,), (num_rows, 1)):
             raise ValueError(
                 f"token_prob_unzipped must have shape [num_rows] or [num_rows, 1] with "
@@ -257,7 +231,7 @@ def check_unpermute_backward_metadata(
             "token_prob_unzipped is required when using_weighted_combine=True; got None"
         )
 
-    return _plan(maps, num_rows, hidden, dtype, grad_hidden_states, grad_expert_prob_topk, weighted)
+    return _plan(maps, num_rows, hidden, dtype, grad_out, grad_slots, weighted)
 
 
 def unpermute_backward_outputs(plan, empty):

@@ -1,8 +1,9 @@
 """The CPU backend: outputs from ``moe_cpu``'s caching allocator, then its Cython stages.
 
 Imported on the first call with NumPy arrays. Both backends (this module and :mod:`._gpu`)
-offer the same operations, each ``op(plan, arrays, validate) -> (outputs, status)``:
-``status`` is the op's status words (:mod:`._abi`) when ``validate`` is true, else None.
+offer the same operations, each ``op(plan, arrays, validate, empty=...) -> (outputs,
+status)``: ``status`` is the op's status words (:mod:`._abi`) when ``validate`` is true, else
+None.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import moe_cpu
 
 from . import _abi
 from ._contract import permute_outputs, unpermute_outputs
+
+# moe_cpu is compiled apart from this package: it must agree on the numbers they exchange
+_abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, moe_cpu.DATA_TYPES)
 
 
 def _as_bytes(x):
@@ -25,32 +29,51 @@ def _kernel_view(x, plan):
     return x if plan.data_type == _abi.DATA_FLOAT32 else x.view(np.uint16)
 
 
-def permute(plan, arrays, validate):
-    """Run ``moe_permute`` on NumPy arrays (see the module docstring)."""
-    out = permute_outputs(plan, moe_cpu.empty)
-    status = np.empty(_abi.PERMUTE_STATUS_LEN, dtype=np.int64)
+def permute(plan, arrays, validate, *, empty=moe_cpu.empty):
+    """Run ``moe_permute`` on NumPy arrays.
+
+    Parameters
+    ----------
+    plan : PermutePlan
+        The call's plan, with its capacities.
+    arrays : PermuteArrays
+        The call's NumPy arrays.
+    validate : bool
+        Whether the caller reads the status words.
+    empty : callable, optional
+        ``empty(shape, dtype)`` allocates each output and the status words (tests pass one
+        that fills them with garbage).
+
+    Returns
+    -------
+    outputs : PermuteOutputs
+    status : numpy.ndarray or None
+        The status words when `validate` is true.
+    """
+    out = permute_outputs(plan, empty)
+    status = empty((_abi.PERMUTE_STATUS_LEN,), np.int64)
     moe_cpu.permute(
         _as_bytes(arrays.hidden_states) if plan.do_gather else None,
         _as_bytes(arrays.scale) if plan.gather_scale else None,
         arrays.expert_routemap_topk,
         arrays.expert_prob_topk,
         plan.capacities,
-        plan.alignment,
         _as_bytes(out.hidden) if plan.do_gather else None,
         _as_bytes(out.scale) if plan.gather_scale else None,
         out.rowmap,
         out.probs,
         out.indices,
         status,
-        validate,
+        alignment=plan.alignment,
+        validate=validate,
     )
     return out, (status if validate else None)
 
 
-def unpermute(plan, arrays, validate):
-    """Run ``moe_unpermute`` on NumPy arrays (see the module docstring)."""
-    hidden, slot_probs = unpermute_outputs(plan, moe_cpu.empty)
-    status = np.empty(_abi.UNPERMUTE_STATUS_LEN, dtype=np.int64)
+def unpermute(plan, arrays, validate, *, empty=moe_cpu.empty):
+    """Run ``moe_unpermute`` on NumPy arrays (parameters and returns as :func:`permute`)."""
+    hidden, slot_probs = unpermute_outputs(plan, empty)
+    status = empty((_abi.UNPERMUTE_STATUS_LEN,), np.int64)
     moe_cpu.unpermute(
         _kernel_view(arrays.hidden_states_unzipped, plan),
         arrays.zipped_expertwise_rowmap,
@@ -59,41 +82,23 @@ def unpermute(plan, arrays, validate):
         _kernel_view(hidden, plan),
         slot_probs,
         status,
-        plan.data_type,
-        plan.weighted,
-        plan.mix_precision,
+        data_type=plan.data_type,
+        weighted=plan.weighted,
+        mix_precision=plan.mix_precision,
     )
     return (hidden, slot_probs), (status if validate else None)
 
 
-# The gradient ops (SPEC.md section 5), the same interface.
-
-from moe_cpu import _backward  # noqa: E402
+# The gradient ops (SPEC.md section 5), the same interface. Their status slots are in
+# moe_cpu.STATUS_SLOTS too, checked above.
 
 from ._contract import UnpermuteArrays  # noqa: E402
 from ._contract_backward import unpermute_backward_outputs  # noqa: E402
 
 
-def _check_backward_slots():
-    """moe_cpu's gradient kernels must write the status slots that _abi names."""
-    differ = {
-        name: (slot, getattr(_abi, name, None))
-        for name, slot in _backward.STATUS_SLOTS.items()
-        if getattr(_abi, name, None) != slot
-    }
-    if differ:
-        raise ImportError(
-            f"moe_cpu._backward and moe_numba._abi disagree on status slots "
-            f"(name: (moe_cpu, _abi)): {differ}"
-        )
-
-
-_check_backward_slots()
-
-
-def permute_backward(plan, arrays, validate, empty=moe_cpu.empty):
-    """Run ``moe_permute_backward`` on NumPy arrays (see the module docstring); ``empty``
-    allocates the probability gradient.
+def permute_backward(plan, arrays, validate, *, empty=moe_cpu.empty):
+    """Run ``moe_permute_backward`` on NumPy arrays (parameters and returns as
+    :func:`permute`; ``plan`` is a ``BackwardPlan``).
 
     The data gradient is the unweighted combine of :func:`unpermute`; both stages check the
     same two maps and write the same status slots.
@@ -102,10 +107,10 @@ def permute_backward(plan, arrays, validate, empty=moe_cpu.empty):
     hidden = probs = status = None
     if plan.grad_hidden:
         combine = UnpermuteArrays(grad_rows, rowmap, routemap, np.zeros(plan.num_rows, np.float32))
-        (hidden, _), status = unpermute(plan.combine_plan, combine, True)
+        (hidden, _), status = unpermute(plan.combine_plan, combine, True, empty=empty)
     if plan.grad_prob:
         probs = empty((plan.num_tokens, plan.topk), np.float32)
-        status = np.empty(_abi.UNPERMUTE_STATUS_LEN, dtype=np.int64)
+        status = empty((_abi.UNPERMUTE_STATUS_LEN,), np.int64)
         moe_cpu.permute_backward_probs(grad_probs, rowmap, routemap, probs, status)
     return (hidden, probs), (status if validate else None)
 
@@ -114,11 +119,11 @@ def _bytes_or_none(x):
     return None if x is None else _as_bytes(x)
 
 
-def unpermute_backward(plan, arrays, validate, empty=moe_cpu.empty):
-    """Run ``moe_unpermute_backward`` on NumPy arrays (see the module docstring); ``empty``
-    allocates the outputs."""
+def unpermute_backward(plan, arrays, validate, *, empty=moe_cpu.empty):
+    """Run ``moe_unpermute_backward`` on NumPy arrays (parameters and returns as
+    :func:`permute`; ``plan`` is a ``BackwardPlan``)."""
     rows, probs = unpermute_backward_outputs(plan, empty)
-    status = np.empty(_abi.UNPERMUTE_BACKWARD_STATUS_LEN, dtype=np.int64)
+    status = empty((_abi.UNPERMUTE_BACKWARD_STATUS_LEN,), np.int64)
     row_probs = arrays.token_prob_unzipped
     moe_cpu.unpermute_backward(
         _bytes_or_none(arrays.grad_hidden_states),

@@ -8,7 +8,6 @@ import ml_dtypes
 import numpy as np
 
 from . import _oracle, moe_permute, moe_unpermute
-from ._transfer import gpu_library, to_device, to_host
 
 
 def _same_bits(a, b):
@@ -47,10 +46,11 @@ def docs_example_inputs():
     return hidden, routemap, probs
 
 
-def _docs_example(move):
+def _docs_example(target):
     hidden, routemap, probs = docs_example_inputs()
+    move = target.upload
     outputs = moe_permute(move(hidden), None, move(routemap), move(probs), 3, [1, 2, 1], 2)
-    outputs = [to_host(x) for x in outputs]
+    outputs = [target.to_host(x) for x in outputs]
     print("docs example: 3 tokens, 3 experts, tokens_per_expert [1, 2, 1], alignment 2")
     print(f"  hidden_states_unzipped: {outputs[0].shape[0]} rows (each expert padded to 2)")
     print("  zipped_expertwise_rowmap (row of token t for expert e, -1 = none):")
@@ -60,7 +60,7 @@ def _docs_example(move):
     return _check("permute", outputs, expected)
 
 
-def _workload(move, tokens, hidden, experts, topk, sync):
+def _workload(target, tokens, hidden, experts, topk):
     rng = np.random.default_rng(1)
     print(
         f"\nrandom workload: T={tokens} H={hidden} E={experts} K={topk} bf16, "
@@ -71,14 +71,15 @@ def _workload(move, tokens, hidden, experts, topk, sync):
     probs = rng.random((tokens, topk), dtype=np.float32)
     x = rng.standard_normal((tokens, hidden)).astype(ml_dtypes.bfloat16)
     counts = np.bincount(routemap.reshape(-1), minlength=experts).tolist()
+    move, to_host = target.upload, target.to_host
     args = [move(x), None, move(routemap), move(probs), experts, counts, 16]
 
     def timed(fn):
         fn()  # warm-up: compiles kernels on first use
-        sync()
+        target.synchronize()
         start = time.perf_counter()
         result = fn()
-        sync()
+        target.synchronize()
         return result, (time.perf_counter() - start) * 1e3
 
     permuted, permute_ms = timed(lambda: moe_permute(*args))
@@ -105,39 +106,11 @@ def _workload(move, tokens, hidden, experts, topk, sync):
     return _check("weighted unpermute", [to_host(v) for v in combined], expected_combine) and ok
 
 
-def run_demo(args):
-    """Run the demo; returns the process exit status (0 when everything matched)."""
-    library = None
-    if args.backend in ("auto", "cuda"):
-        library = gpu_library()
-        if library is None and args.backend == "cuda":
-            print("no usable GPU (torch, CuPy or numba.cuda) found")
-            return 2
-    if library is None:
-        import moe_cpu
-
-        print(
-            f"backend: cpu (NumPy arrays, Cython/OpenMP, {moe_cpu.get_num_threads()} "
-            f"threads, OpenMP {'on' if moe_cpu.openmp_enabled() else 'off'})\n"
-        )
-
-        def move(a):
-            return a
-
-        def sync():
-            pass
-    else:
-        print(f"backend: cuda ({library} arrays, numba.cuda kernels)\n")
-
-        def move(a):
-            return to_device(a, library)
-
-        def sync():
-            from numba import cuda
-
-            cuda.synchronize()
-
-    ok = _docs_example(move)
-    ok = _workload(move, args.tokens, args.hidden, args.experts, args.topk, sync) and ok
+def run_demo(target, tokens, hidden, experts, topk):
+    """Run the demo on ``target`` (:mod:`moe_numba.bench._target`) with a random workload of
+    the given shape (``topk <= experts``); returns the exit status (0: everything matched)."""
+    print(f"backend: {target.description}\n")
+    ok = _docs_example(target)
+    ok = _workload(target, tokens, hidden, experts, topk) and ok
     print("\nall outputs identical to the oracle" if ok else "\nMISMATCH: see above")
     return 0 if ok else 1

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import array_library
 from ._cache import BoundedCache
 from ._contract import permute_outputs, unpermute_outputs
 from ._contract_backward import unpermute_backward_outputs
 from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError
+from ._libraries import array_library
 
 _BACKEND = None
 

@@ -157,7 +157,8 @@ def fma_float32(x, y, z):
 def round_to(dtype, values):
     """Round float32 ``values`` to ``dtype`` (nearest even), NaN made canonical."""
     dtype = np.dtype(dtype)
-    with np.errstate(over="ignore"):  # overflow to infinity is the defined result
+    # overflow to infinity is the defined result; a signalling NaN (invalid) is made canonical
+    with np.errstate(over="ignore", invalid="ignore"):
         rounded = np.asarray(values, dtype=np.float32).astype(dtype)
     bits_type, nan_bits = _CANONICAL_NAN_BITS[dtype]
     bits = rounded.view(bits_type).copy()

@@ -1,43 +1,32 @@
 """Explicit host <-> device copies for the demo, the benchmark and the tests.
 
 The API itself never copies between host and device; these helpers are for code that wants
-to, with every dtype the contract supports (bfloat16 and float8 included).
+to, with every dtype the contract supports (bfloat16 and float8 included). What each library
+does is its adapter's business (:mod:`moe_numba._libraries`).
 """
 
 from __future__ import annotations
 
-import importlib.util
-
-import numpy as np
-
-from ._arrays import ML_DTYPE_BITS, array_library
-
-GPU_LIBRARIES = ("torch", "cupy", "numba")
+from ._libraries import GPU_LIBRARIES, array_library, library_named
 
 
 def to_device(x, library):
     """Copy NumPy array ``x`` to the current GPU as a ``library`` array.
 
-    ``library`` is ``"torch"``, ``"cupy"`` or ``"numba"`` (numba device arrays; also the
-    CUDA simulator's arrays when it is enabled).
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Any array of a dtype the contract supports.
+    library : str
+        ``"torch"``, ``"cupy"``, ``"numba"`` (numba device arrays; the simulator's arrays when
+        the CUDA simulator is on) or ``"cudasim"``.
+
+    Returns
+    -------
+    array
+        A C-contiguous copy of ``x`` of that library.
     """
-    x = np.ascontiguousarray(x)
-    if library == "torch":
-        import torch
-
-        if x.dtype in ML_DTYPE_BITS:
-            bits = torch.from_numpy(x.view(np.int16 if x.itemsize == 2 else np.uint8))
-            return bits.view(getattr(torch, x.dtype.name)).cuda()
-        return torch.from_numpy(x).cuda()
-    if library == "cupy":
-        import cupy
-
-        return cupy.asarray(x)
-    from numba import config, cuda
-
-    if x.dtype in ML_DTYPE_BITS and not config.ENABLE_CUDASIM:
-        return cuda.to_device(x.view(ML_DTYPE_BITS[x.dtype])).view(x.dtype)
-    return cuda.to_device(x)
+    return library_named(library).from_numpy(x)
 
 
 def to_host(x):
@@ -46,25 +35,9 @@ def to_host(x):
 
 
 def gpu_library():
-    """The first of torch, CuPy, numba that is installed and sees a GPU, else None."""
+    """The name of the first of torch, CuPy, numba (or the CUDA simulator) that is installed
+    and sees a GPU, else None."""
     for library in GPU_LIBRARIES:
-        if importlib.util.find_spec(library) is None:
-            continue
-        try:
-            if library == "torch":
-                import torch
-
-                usable = torch.cuda.is_available()
-            elif library == "cupy":
-                import cupy
-
-                usable = cupy.cuda.runtime.getDeviceCount() > 0
-            else:
-                from numba import cuda
-
-                usable = cuda.is_available()
-        except Exception:
-            usable = False
-        if usable:
-            return library
+        if library.usable():
+            return library.name
     return None

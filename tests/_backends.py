@@ -15,6 +15,8 @@ class Backend:
     small = False  # the CUDA simulator runs ~0.4 ms per thread: keep its shapes tiny
     exact_fma = True  # the simulator's cuda.fma rounds twice
     supports_float8 = True
+    simulated = False  # runs only where NUMBA_ENABLE_CUDASIM=1
+    needs_gpu = False  # runs only on a real CUDA GPU
 
     def to_device(self, x):
         return to_device(x, self.library)
@@ -37,29 +39,41 @@ class Simulator(Backend):
     name, library = "cudasim", "numba"
     small = True
     exact_fma = False
+    simulated = True
 
 
 class NumbaDevice(Backend):
     name = library = "numba"
+    needs_gpu = True
 
 
 class Torch(Backend):
     name = library = "torch"
+    needs_gpu = True
 
 
 class Cupy(Backend):
     name = library = "cupy"
+    needs_gpu = True
     supports_float8 = False  # CuPy has no float8 dtype
 
 
 BACKENDS = {b.name: b for b in (CPU(), Simulator(), NumbaDevice(), Torch(), Cupy())}
 
 
+def simulator_on():
+    """Whether this process runs numba's CUDA simulator (numba reads the variable at import)."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
 def available_backends():
-    """``cpu``, plus the simulator, or every GPU kind whose library imports."""
+    """``cpu``, plus the simulator where it is on, or every GPU kind whose library imports
+    where a GPU is usable."""
     names = ["cpu"]
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    if simulator_on():
         return names + ["cudasim"]
+    if importlib.util.find_spec("numba") is None:
+        return names
     from numba import cuda
 
     if cuda.is_available():

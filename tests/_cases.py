@@ -5,6 +5,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from moe_numba._contract import ArrayMeta
+
 HIDDEN_DTYPES = [
     ml_dtypes.bfloat16,
     np.float16,
@@ -108,3 +110,23 @@ def assert_close_combine(actual, expected, magnitude, steps, what=""):
     ulp = np.spacing(scale.astype(expected.dtype)).astype(np.float32)
     excess = np.abs(a[finite] - b[finite]) - (steps + 2) * ulp
     assert (excess <= 0).all(), f"{what}: beyond {steps + 2} ulp: {excess.max()}"
+
+
+GARBAGE = 0xA5  # the byte that fills outputs before a backend runs
+
+
+def garbage(shape, dtype):
+    """An array whose every byte is GARBAGE: an element a backend forgets to write shows up."""
+    out = np.empty(shape, dtype)
+    out.view(np.uint8)[...] = GARBAGE
+    return out
+
+
+def bits(a):
+    """The bytes of ``a`` (compare these, not values: NaN payloads and -0.0 count)."""
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+def metadata(arrays):
+    """The contract's view of an op's NumPy arrays (what ``moe_numba._api`` hands it)."""
+    return arrays._make(None if x is None else ArrayMeta(x.shape, x.dtype) for x in arrays)

@@ -5,9 +5,17 @@ import re
 import numpy as np
 import pytest
 
-from _cases import assert_close_combine, assert_same_bits, counts_of, random_routing
+from _cases import (
+    assert_close_combine,
+    assert_same_bits,
+    counts_of,
+    metadata,
+    random_routing,
+)
 from moe_numba import _oracle, moe_permute_backward, moe_unpermute_backward
 from moe_numba._contract_backward import (
+    PermuteBackwardArrays,
+    UnpermuteBackwardArrays,
     check_permute_backward_metadata,
     check_unpermute_backward_metadata,
     raise_for_permute_backward_status,
@@ -63,7 +71,7 @@ def spoil(rng, rowmap, routemap, num_rows, num_experts):
 
 def expected_error(status, raise_for_status, check_metadata, arrays, scalars):
     """The message that the oracle's status words give for this call, or None."""
-    plan = check_metadata(*arrays, *scalars, shape_of=np.shape, dtype_of=lambda x: x.dtype)
+    plan = check_metadata(metadata(arrays), **scalars)
     try:
         raise_for_status(status, plan)
     except ValueError as error:
@@ -92,7 +100,11 @@ def check_permute_backward(backend, grad_rows, grad_probs, rowmap, routemap, val
     copies = [None if x is None else x.copy() for x in arrays]
     expected, status = _oracle.permute_backward(*arrays)
     message = expected_error(
-        status, raise_for_permute_backward_status, check_permute_backward_metadata, arrays, (True,)
+        status,
+        raise_for_permute_backward_status,
+        check_permute_backward_metadata,
+        PermuteBackwardArrays(*arrays),
+        {"validate": True},
     )
     if validate and message is not None:
         with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
@@ -112,8 +124,8 @@ def check_unpermute_backward(backend, *arrays, weighted, num_rows, validate=True
         status,
         raise_for_unpermute_backward_status,
         check_unpermute_backward_metadata,
-        arrays,
-        (weighted, num_rows, True),
+        UnpermuteBackwardArrays(*arrays),
+        {"using_weighted_combine": weighted, "num_rows": num_rows, "validate": True},
     )
     flags = dict(using_weighted_combine=weighted, num_rows=num_rows)
     if validate and message is not None:

@@ -421,3 +421,34 @@ def test_cpu_threads_do_not_change_bits():
     for a, b in zip(*results, strict=True):
         assert_same_bits(a, b)
     assert errors[:2] == errors[2:]
+
+
+def test_torch_cpu_tensors_in_and_out():
+    """torch CPU tensors run on the CPU backend through NumPy views: the same bits as NumPy,
+    torch tensors back; mixing them with NumPy arrays is refused as in the forward ops."""
+    torch = pytest.importorskip("torch")
+    from moe_numba.torch._bridge import from_numpy, to_numpy
+
+    rng = np.random.default_rng(25)
+    routemap, rowmap, r = routed(rng, 20, 3, 5, 2, repeats=0.2)
+    dtype = ml_dtypes.bfloat16
+    grad_rows = random_values(rng, (r, 9), dtype)
+    grad_probs = random_probs(rng, (r,))
+    dy = random_values(rng, (20, 9), dtype)
+    g = random_values(rng, routemap.shape, np.float32)
+    calls = [
+        (moe_permute_backward, (grad_rows, grad_probs, rowmap, routemap), {}),
+        (
+            moe_unpermute_backward,
+            (dy, g, grad_rows, rowmap, routemap, grad_probs),
+            dict(using_weighted_combine=True, num_rows=r),
+        ),
+    ]
+    for op, arrays, flags in calls:
+        expected = op(*arrays, **flags)
+        actual = op(*map(from_numpy, arrays), **flags)
+        for a, b in zip(actual, expected, strict=True):
+            assert isinstance(a, torch.Tensor)
+            assert_same_bits(to_numpy(a), b)
+        with pytest.raises(TypeError, match="pass every array as a torch tensor"):
+            op(from_numpy(arrays[0]), *arrays[1:], **flags)

@@ -7,9 +7,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import moe_cpu
+from _cases import metadata
 from _gradients import with_gradients
 from moe_cpu import _backward
-from moe_numba import _cpu, _oracle, moe_permute_backward, moe_unpermute_backward
+from moe_numba import _abi, _cpu, _oracle, moe_permute_backward, moe_unpermute_backward
 from moe_numba._contract_backward import (
     PermuteBackwardArrays,
     UnpermuteBackwardArrays,
@@ -390,8 +392,8 @@ def poison(shape, dtype):
     return out
 
 
-def plan_of(check_metadata, arrays, *scalars):
-    return check_metadata(*arrays, *scalars, shape_of=np.shape, dtype_of=lambda x: x.dtype)
+def plan_of(check_metadata, arrays, **scalars):
+    return check_metadata(metadata(arrays), **scalars)
 
 
 @pytest.mark.parametrize("given", ["both", "rows", "probs"])
@@ -401,7 +403,7 @@ def test_cpu_glue_writes_every_output(given, dtype):
     rows = rng.standard_normal((6, 5)).astype(dtype) if given != "probs" else None
     probs = rng.standard_normal(6).astype(np.float32) if given != "rows" else None
     arrays = PermuteBackwardArrays(rows, probs, ROWMAP, ROUTEMAP)
-    plan = plan_of(check_permute_backward_metadata, arrays, True)
+    plan = plan_of(check_permute_backward_metadata, arrays, validate=True)
     outputs, status = _cpu.permute_backward(plan, arrays, True, empty=poison)
     expected, expected_status = _oracle.permute_backward(*arrays)
     for a, b in zip(outputs, expected, strict=True):
@@ -413,7 +415,13 @@ def test_cpu_glue_writes_every_output(given, dtype):
     xu = rng.standard_normal((6, 5)).astype(dtype)
     p = rng.random(6, dtype=np.float32)
     arrays = UnpermuteBackwardArrays(dy, g, xu, ROWMAP, ROUTEMAP, p)
-    plan = plan_of(check_unpermute_backward_metadata, arrays, True, 6, True)
+    plan = plan_of(
+        check_unpermute_backward_metadata,
+        arrays,
+        using_weighted_combine=True,
+        num_rows=6,
+        validate=True,
+    )
     outputs, status = _cpu.unpermute_backward(plan, arrays, True, empty=poison)
     expected, expected_status = _oracle.unpermute_backward(*arrays, True, 6)
     for a, b in zip(outputs, expected, strict=True):
@@ -421,16 +429,11 @@ def test_cpu_glue_writes_every_output(given, dtype):
     assert status.tolist() == expected_status.tolist()
 
 
-def test_status_table_is_checked(monkeypatch):
-    monkeypatch.setitem(_backward.STATUS_SLOTS, "UNPERMUTE_BAD_ROW", 5)
-    with pytest.raises(
-        ImportError,
-        match=re.escape(
-            "moe_cpu._backward and moe_numba._abi disagree on status slots (name: (moe_cpu, "
-            "_abi)): {'UNPERMUTE_BAD_ROW': (5, 2)}"
-        ),
-    ):
-        _cpu._check_backward_slots()
+def test_status_slots_are_published():
+    """moe_numba checks moe_cpu.STATUS_SLOTS against _abi at import: the gradient slots must
+    be among them."""
+    for name in ("UNPERMUTE_BACKWARD_DUPLICATE_ROW", "UNPERMUTE_BACKWARD_STATUS_LEN"):
+        assert moe_cpu.STATUS_SLOTS[name] == getattr(_abi, name) == _abi.STATUS_SLOTS[name]
 
 
 def kernel_args():

@@ -1,69 +1,363 @@
-"""``python -m moe_numba bench`` on tiny shapes: its table, JSON, comparison, and the byte
-counts behind every figure (speed itself is measured by running it, not by tests)."""
+"""The bench's arithmetic and reporting on synthetic results (CPU only, fast), its CUDA
+plumbing with a fake timer on NumPy arrays, and one real CPU run at a tiny shape.
+
+Speed itself is measured by running the bench, not by tests.
+"""
 
 import json
 
 import numpy as np
 import pytest
 
-from moe_numba import _bench, moe_permute
+from _cases import assert_same_bits
+from moe_numba import _oracle, moe_permute
 from moe_numba.__main__ import main
+from moe_numba.bench import _bytes, _cases, _cuda, _numpy, _report, _results, _timers
+from moe_numba.bench._cases import Case
+from moe_numba.bench._results import Result
+from moe_numba.bench._target import CpuTarget
 
 TINY = dict(tokens=16, hidden=8, experts=4, topk=2, alignment=4)
 TINY_ARGS = [f"--{k}={v}" for k, v in TINY.items()] + ["--repeat=1"]
 
 
-def test_cpu_bench_prints_saves_and_compares(tmp_path, capsys):
+# ------------------------------------------------------------------------------ byte accounting
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32", "fp8"])
+@pytest.mark.parametrize("alignment", [1, 4, 16])
+def test_padded_rows_are_the_rows_a_permute_writes(dtype, alignment):
+    case = Case(tokens=37, hidden=130, experts=5, topk=3, alignment=alignment, dtype=dtype)
+    x = _cases.make_inputs(case)
+    rows = moe_permute(x.hidden, x.scale, x.routemap, x.probs, 5, x.counts, alignment)[0]
+    assert _bytes.padded_rows(x.counts, alignment) == rows.shape[0]
+    assert sum(x.counts) == 37 * 3  # every slot routed: the unpermute reads T*K rows
+
+
+def test_byte_formulas():
+    counts = [5, 0, 3]  # padded to 4: 8 + 0 + 4 = 12 rows
+    bf16 = Case(tokens=4, hidden=256, experts=3, topk=2, alignment=4, dtype="bf16")
+    assert _bytes.padded_rows(counts, 4) == 12
+    assert _bytes.permute_bytes(bf16, counts) == (4 + 12) * 256 * 2
+    assert _bytes.unpermute_bytes(bf16) == (4 * 2 + 4) * 256 * 2
+    # float8: one float32 scale per 128 columns (ceil), read with each row and written too
+    fp8 = Case(tokens=4, hidden=300, experts=3, topk=2, alignment=4, dtype="fp8")
+    assert fp8.scale_width == 3
+    assert _bytes.permute_bytes(fp8, counts) == (4 + 12) * (300 + 3 * 4)
+    assert not fp8.has_unpermute and bf16.has_unpermute
+
+
+def test_case_refuses_more_slots_than_experts():
+    with pytest.raises(ValueError, match=r"topk must be in \[1, experts = 4\].*got 5"):
+        Case(tokens=4, hidden=8, experts=4, topk=5, alignment=1, dtype="bf16")
+    with pytest.raises(ValueError, match=r"dtype must be one of .*got 'int8'"):
+        Case(tokens=4, hidden=8, experts=4, topk=1, alignment=1, dtype="int8")
+
+
+def test_numpy_baselines_follow_the_contract():
+    case = Case(tokens=33, hidden=16, experts=6, topk=3, alignment=4, dtype="bf16")
+    x = _cases.make_inputs(case, seed=3)
+    expected, _ = _oracle.permute(x.hidden, None, x.routemap, x.probs, 6, x.counts, 4)
+    rows, rowmap, row_probs = _numpy.permute(x.hidden, x.routemap, x.probs, x.counts, 4)
+    assert_same_bits(rows, expected[0], "rows")
+    assert_same_bits(rowmap, expected[1], "rowmap")
+    assert_same_bits(row_probs, expected[2], "row probabilities")
+    (combined, _), _ = _oracle.unpermute(
+        rows, rowmap, x.routemap, row_probs, 33, 6, using_weighted_combine=True
+    )
+    baseline = _numpy.unpermute(rows, rowmap, x.routemap, row_probs)
+    # rounded products summed in slot order, not the contract's fma in expert order
+    np.testing.assert_allclose(
+        baseline.astype(np.float32), combined.astype(np.float32), rtol=2**-7, atol=2**-7
+    )
+
+
+# ------------------------------------------------------------------------------ results, JSON
+
+
+BF16 = Case(tokens=256, hidden=64, experts=8, topk=2, alignment=16, dtype="bf16")
+FP8 = Case(tokens=256, hidden=64, experts=8, topk=2, alignment=16, dtype="fp8")
+
+
+def _gpu_result(case, op, nbytes, gpu, copy_gpu, one_call=50.0, host=30.0):
+    us = dict(gpu=gpu, one_call=one_call, host=host)
+    copy_us = dict(gpu=copy_gpu, one_call=copy_gpu + 5, host=8.0)
+    return Result(case, op, nbytes, us, copy_us)
+
+
+def _gpu_results():
+    return [
+        _gpu_result(BF16, "permute", 2_000_000, 10.0, 8.0),
+        _gpu_result(BF16, "permute validate=False", 2_000_000, 9.0, 8.0, one_call=40.0),
+        _gpu_result(BF16, "unpermute weighted", 1_000_000, 5.0, 5.0),
+        _gpu_result(FP8, "permute", 1_500_000, 6.0, 4.0),
+    ]
+
+
+def test_result_figures():
+    r = _gpu_result(BF16, "permute", 2_000_000, gpu=10.0, copy_gpu=8.0)
+    assert r.modes == ("gpu", "one_call", "host")
+    assert r.gbps == pytest.approx(200.0)  # 2e6 bytes in 10 us
+    assert r.copy_gbps == pytest.approx(250.0)
+    assert r.percent == pytest.approx(80.0)
+    cpu = Result(BF16, "permute", 3_000_000, {"wall": 1000.0}, {"wall": 500.0}, numpy_us=9000.0)
+    assert (cpu.gbps, cpu.percent) == (pytest.approx(3.0), pytest.approx(50.0))
+
+
+def test_json_round_trip(tmp_path):
     path = tmp_path / "run.json"
-    assert main(["bench", "--backend=cpu", *TINY_ARGS, f"--json={path}"]) == 0
-    table = capsys.readouterr().out
-    assert "% copy" in table and "bf16 T=16 H=8 E=4 K=2 A=4" in table
-    saved = json.loads(path.read_text())
-    assert saved["backend"].startswith("cpu")
-    assert [r["op"] for r in saved["results"]] == ["permute", "unpermute weighted"]
-    for r in saved["results"]:
-        assert r["ms"] > 0 and r["baseline_ms"] > 0
-        assert r["percent"] == pytest.approx(100 * r["gbps"] / r["roofline_gbps"])
-    assert main(["bench", "--backend=cpu", *TINY_ARGS, f"--compare={path}"]) == 0
-    assert f"compared with {path}" in capsys.readouterr().out
+    results = _gpu_results()
+    _results.save(path, "cuda (torch arrays)", results)
+    document = json.loads(path.read_text())
+    assert document["format"] == _results.FORMAT
+    first = document["results"][0]
+    assert first["us"] == {"gpu": 10.0, "one_call": 50.0, "host": 30.0}
+    assert first["copy_us"]["gpu"] == 8.0 and first["percent"] == pytest.approx(80.0)
+    backend, loaded = _results.load(path)
+    assert backend == "cuda (torch arrays)"
+    assert loaded == results
+
+
+# a record of the first version's JSON (one time per operation), as it wrote them
+FIRST_FORMAT = dict(
+    backend="cpu (2 threads)",
+    results=[
+        dict(
+            tokens=4096, hidden=2048, experts=32, topk=8, alignment=16, dtype="bf16",
+            op="permute", ms=5.92, gbps=25.7, roofline_gbps=25.5, percent=100.4,
+            host_us=None, baseline_ms=48.1,
+        )
+    ],
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, r"cannot read .*run.json: No such file or directory$"),
+        ("not json", r"run.json is not JSON: Expecting value"),
+        ("[1, 2]", r"run.json is not a moe-numba bench JSON file \(no 'results'\)$"),
+        (json.dumps(FIRST_FORMAT), r"run.json was written by an older moe-numba \(one time per "
+         r"operation\); this bench reads format 2: run the bench again with --json"),
+        ('{"format": 3, "results": []}', r"written by format 3; this bench reads format 2"),
+        ('{"format": 2, "results": [{"op": "permute"}]}',
+         r"run.json: a result is malformed \(KeyError: 'tokens'\)$"),
+    ],
+)  # fmt: skip
+def test_load_refuses_what_it_cannot_read(tmp_path, text, message):
+    path = tmp_path / "run.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        _results.load(path)
+
+
+# ------------------------------------------------------------------------------ table, compare
+
+
+def test_table_of_gpu_results(capsys):
+    _report.print_table(_gpu_results())
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["operation", "GPU", "us", "GB/s", "%", "copy", "1-call", "us"] + [
+        "host",
+        "us",
+    ]
+    body = [line.split() for line in lines[2:]]
+    # a heading per case; the copy above the first result of each byte count
+    assert body[0] == BF16.label().split()
+    assert body[1] == ["copy", "(same", "bytes)", "8.0", "250.0", "100.0%", "13.0", "8.0"]
+    assert body[2] == ["permute", "10.0", "200.0", "80.0%", "50.0", "30.0"]
+    assert body[3] == ["permute", "validate=False", "9.0", "222.2", "88.9%", "40.0", "30.0"]
+    assert body[4][:3] == ["copy", "(same", "bytes)"] and body[5][0] == "unpermute"
+    assert body[6] == FP8.label().split() and body[7][0] == "copy" and body[8][0] == "permute"
+    assert len(body) == 9
+
+
+def test_table_of_cpu_results(capsys):
+    results = [
+        Result(BF16, "permute", 3_000_000, {"wall": 1000.0}, {"wall": 500.0}, numpy_us=9000.0)
+    ]
+    _report.print_table(results)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["operation", "wall", "us", "GB/s", "%", "copy", "vs", "NumPy"]
+    assert lines[3].split() == ["copy", "(same", "bytes)", "500.0", "6.0", "100.0%"]
+    assert lines[4].split() == ["permute", "1000.0", "3.0", "50.0%", "9.0x"]
+
+
+def test_comparison(capsys):
+    new = _gpu_results()
+    old = [
+        _gpu_result(BF16, "permute", 2_000_000, 20.0, 8.0, one_call=100.0, host=15.0),
+        _gpu_result(BF16, "unpermute weighted", 1_000_000, 5.0, 10.0),
+    ]
+    _report.print_comparison(new, old, "old.json")
+    out = capsys.readouterr().out
+    assert "compared with old.json: old time / new time (> 1: faster now)" in out
+    permute = next(line for line in out.splitlines() if line.strip().startswith("permute  "))
+    assert "GPU  2.00x (20.0 -> 10.0 us)" in permute
+    assert "1-call  2.00x (100.0 -> 50.0 us)" in permute
+    assert "host  0.50x (15.0 -> 30.0 us)" in permute
+    assert "GPU  2.00x (10.0 -> 5.0 us)" in out  # the unpermute's copy ran faster before
+    assert "permute validate=False" in out and "(not in old.json)" in out
+    assert "2 result(s) of this run are not in old.json" in out
+
+
+def test_comparison_across_backends_says_there_is_nothing_to_compare(capsys):
+    cpu = Result(BF16, "permute", 2_000_000, {"wall": 900.0}, {"wall": 500.0})
+    _report.print_comparison([_gpu_results()[0]], [cpu], "cpu.json")
+    out = capsys.readouterr().out
+    assert out.count("(measured in other modes there: wall)") == 2  # the copy and the op
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs the bench extra")
+    from moe_numba.bench._plot import plot
+
+    results = [
+        _gpu_result(Case(t, 64, 8, 2, 16, "bf16"), "permute", 1000 * t, t / 100, t / 120)
+        for t in (256, 1024, 4096)
+    ]
+    plot(results, tmp_path / "sweep.png", "cuda (torch arrays)")
+    assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# ------------------------------------------------------------------------------ timers
+
+
+class _FakeCuda:
+    """Events that log what happens and report a fixed time per event pair."""
+
+    def __init__(self, log, elapsed_ms):
+        self.log = log
+        self.elapsed_ms = elapsed_ms
+
+    def event(self):
+        log, elapsed_ms = self.log, self.elapsed_ms
+
+        class Event:
+            def record(self):
+                log.append("record")
+
+            def synchronize(self):
+                log.append("wait")
+
+            def elapsed_time(self, stop):
+                return elapsed_ms
+
+        return Event()
+
+    def synchronize(self):
+        self.log.append("sync")
+
+
+class _FakeHold:
+    def __init__(self, log):
+        self.log = log
+        self.timed_out = 0
+
+    def start(self):
+        self.log.append("hold")
+
+    def release(self):
+        self.log.append("release")
+
+    def finished(self):
+        self.log.append("finished")
+
+
+def _timer(elapsed_ms=0.5, **kwargs):
+    log = []
+    timer = _timers.CudaTimer(
+        cuda=_FakeCuda(log, elapsed_ms), hold=_FakeHold(log), **dict(repeat=2, batch=3, **kwargs)
+    )
+    return timer, log
+
+
+def test_gpu_mode_holds_the_stream_while_it_enqueues_a_batch():
+    timer, log = _timer(elapsed_ms=0.6)
+    assert timer.gpu_us(lambda: log.append("call")) == pytest.approx(200.0)  # 0.6 ms / 3
+    one_batch = ["hold", "record", "call", "call", "call", "record", "release", "wait"]
+    assert log == (one_batch + ["finished"]) * 2
+
+
+def test_gpu_mode_of_a_synchronizing_call_runs_one_call_ahead_instead():
+    timer, log = _timer()
+    timer.gpu_us(lambda: log.append("call"), synchronizes=True)
+    assert log == ["call", "record", "call", "call", "call", "record", "wait"] * 2
+
+
+def test_one_call_mode_times_a_call_right_after_a_sync():
+    timer, log = _timer(elapsed_ms=0.05)
+    assert timer.one_call_us(lambda: log.append("call")) == pytest.approx(50.0)
+    assert log == ["sync", "record", "call", "record", "wait"] * 6  # repeat * batch calls
+
+
+def test_host_mode_times_the_call_on_an_idle_gpu():
+    timer, log = _timer()
+    assert timer.host_us(lambda: log.append("call")) > 0
+    assert log == ["sync", "call"] * 6 + ["sync"]
+
+
+def test_timers_report_every_mode_after_warm_up():
+    timer, log = _timer(warmup=4)
+    figures = timer.time(lambda: log.append("call"))
+    assert tuple(figures) == _results.CUDA_MODES
+    assert log[:4] == ["call"] * 4 and log[4] == "hold"
+    calls = []
+    wall = _timers.WallTimer(repeat=3, warmup=2).time(lambda: calls.append(1))
+    assert tuple(wall) == _results.CPU_MODES and wall["wall"] > 0 and len(calls) == 5
+
+
+# ------------------------------------------------------------------------------ the benches
 
 
 class _FixedTimer:
-    """Every call (the copy too) takes 1 ms and 10 us of host time; calls run once."""
+    """Every call takes 2 us in every mode; the copy 1 us. The hold timed out once."""
 
-    hold_timeouts = 0
+    def __init__(self):
+        self.hold_timeouts = 0
+        self.timed = []
 
-    def __init__(self, repeat):
-        pass
-
-    def device_ms(self, fn, synchronizes=False, batch=10, warmup=3):
+    def time(self, fn, synchronizes=False):
         fn()
-        return 1.0
+        self.hold_timeouts = 1
+        self.timed.append(synchronizes)
+        us = 1.0 if len(self.timed) in (1, 4) else 2.0  # the copies come first of each op
+        return dict.fromkeys(_results.CUDA_MODES, us)
 
-    def host_us(self, fn, calls=200):
-        fn()
-        return 10.0
 
-
-def test_cuda_bench_case_counts_the_bytes(backend, monkeypatch):
-    """Every operation, with and without validation; GB/s from the bytes of the contract."""
-    if backend.name == "cpu":
-        pytest.skip("needs a device backend")
-    if backend.name == "cudasim":  # the simulator's events do not time anything
-        monkeypatch.setattr(_bench, "_GPUTimer", _FixedTimer)
-    case = _bench.Case(**TINY, dtype="bf16")
-    results = _bench.bench_cuda_case(case, 1, backend.library)
+def test_cuda_bench_times_every_operation_against_a_copy(capsys):
+    """The GPU bench's plumbing, on NumPy arrays (the timer and the arrays are the only
+    GPU-specific parts): the operations, their bytes and copies, the hold warning."""
+    case = Case(**TINY, dtype="bf16")
+    timer = _FixedTimer()
+    results = _cuda.bench_case(case, CpuTarget(), timer)
     assert [r.op for r in results] == [
         "permute",
         "permute validate=False",
         "unpermute weighted",
         "unpermute weighted validate=False",
     ]
-    hidden, scale, routemap, probs, counts = _bench.make_inputs(case)
-    rows = moe_permute(hidden, scale, routemap, probs, case.experts, counts, case.alignment)[0]
-    permute_bytes = 2 * (case.tokens + rows.shape[0]) * case.hidden
-    unpermute_bytes = 2 * (int((routemap >= 0).sum()) + case.tokens) * case.hidden
-    for r, moved in zip(results, [permute_bytes] * 2 + [unpermute_bytes] * 2, strict=True):
-        assert r.gbps == pytest.approx(moved / r.ms / 1e6)
-        assert r.host_us is not None  # small shapes report the host-inclusive time
-    assert np.isfinite([r.percent for r in results]).all()
+    x = _cases.make_inputs(case)
+    moved = [_bytes.permute_bytes(case, x.counts)] * 2 + [_bytes.unpermute_bytes(case)] * 2
+    assert [r.nbytes for r in results] == moved
+    assert timer.timed == [False, True, False, False, True, False]  # copy, op, op, ...
+    assert all(r.percent == pytest.approx(50.0) for r in results)
+    assert "1 timed batch(es) took the host longer" in capsys.readouterr().err
+
+
+def test_cpu_bench_prints_saves_and_compares(tmp_path, capsys):
+    path = tmp_path / "run.json"
+    assert main(["bench", "--backend=cpu", *TINY_ARGS, f"--json={path}"]) == 0
+    captured = capsys.readouterr()
+    assert "[1/1] bf16 T=16 H=8 E=4 K=2 A=4" in captured.err  # progress, as the shape starts
+    assert "% copy" in captured.out and "bf16 T=16 H=8 E=4 K=2 A=4" in captured.out
+    backend, results = _results.load(path)
+    assert backend.startswith("cpu (NumPy arrays")
+    assert [r.op for r in results] == ["permute", "unpermute weighted"]
+    for r in results:
+        assert tuple(r.us) == tuple(r.copy_us) == ("wall",)
+        assert r.us["wall"] > 0 and r.copy_us["wall"] > 0 and r.numpy_us > 0
+    assert main(["bench", "--backend=cpu", *TINY_ARGS, f"--compare={path}"]) == 0
+    out = capsys.readouterr().out
+    assert f"compared with {path}" in out and "not in" not in out

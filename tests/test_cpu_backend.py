@@ -1,9 +1,12 @@
-"""The moe_cpu backend called directly, bit for bit against the NumPy oracle.
+"""The CPU backend's permute through its real glue (``moe_numba._cpu``), bit for bit against
+the oracle; the tables moe_cpu shares with the API; thread control.
 
-The public API and the backend-parametrised suite live elsewhere; these tests build the
-backend's raw arguments themselves (byte views, preallocated outputs filled with garbage, so
-that an element the backend forgets to write shows up) and compare every output and status word
-with ``moe_numba._oracle``.
+The public API and the backend-parametrised suite live elsewhere; these tests plan a call
+with the contract, run ``_cpu.permute`` with an allocator that fills every output and status
+word with garbage (so that an element the backend forgets to write shows up), and compare
+everything with ``moe_numba._oracle``. ``moe_cpu.permute`` is called directly where the glue
+would not pass the arguments (shape errors, saturation). The unpermute's tests are in
+``test_cpu_unpermute.py``.
 """
 
 import ml_dtypes
@@ -13,16 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import moe_cpu
-from _cases import HIDDEN_DTYPES, counts_of
-from moe_cpu import _unpermute
-from moe_numba import _abi, _oracle
+from _cases import FLOAT8, HIDDEN_DTYPES, bits, counts_of, garbage, metadata
+from moe_cpu._parallel import copy_rows
+from moe_numba import _abi, _cpu, _oracle
+from moe_numba._contract import PermuteArrays, check_permute_metadata, with_capacities
 
-GARBAGE = 0xA5
-DATA_TYPES = {
-    np.dtype(np.float32): (_abi.DATA_FLOAT32, np.float32),
-    np.dtype(ml_dtypes.bfloat16): (_abi.DATA_BFLOAT16, np.uint16),
-    np.dtype(np.float16): (_abi.DATA_FLOAT16, np.uint16),
-}
 HYPOTHESIS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -32,14 +30,24 @@ def default_threads():
     moe_cpu.set_num_threads(None)
 
 
-def garbage(shape, dtype):
-    out = np.empty(shape, dtype)
-    out.view(np.uint8)[...] = GARBAGE
-    return out
+def test_moe_cpu_tables_equal_the_api_tables():
+    assert moe_cpu.STATUS_SLOTS == _abi.STATUS_SLOTS
+    assert moe_cpu.DATA_TYPES == _abi.DATA_TYPES
+    _abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, moe_cpu.DATA_TYPES)
 
 
-def bits(a):
-    return np.ascontiguousarray(a).view(np.uint8)
+def test_a_table_that_differs_is_an_import_error():
+    slots = dict(moe_cpu.STATUS_SLOTS, PERMUTE_MISMATCH=9)
+    del slots["UNPERMUTE_BAD_ROW"]
+    with pytest.raises(
+        ImportError,
+        match=r"moe_cpu was built from other sources than moe_numba "
+        r"\(STATUS_SLOTS\['PERMUTE_MISMATCH'\] is 4 in moe_numba._abi but 9 in moe_cpu; "
+        r"STATUS_SLOTS\['UNPERMUTE_BAD_ROW'\] is 2 in moe_numba._abi but None in moe_cpu\)",
+    ):
+        _abi.check_tables("moe_cpu", slots, moe_cpu.DATA_TYPES)
+    with pytest.raises(ImportError, match=r"DATA_TYPES\['DATA_FLOAT16'\] is 2 .* but 5 in moe_cpu"):
+        _abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, dict(moe_cpu.DATA_TYPES, DATA_FLOAT16=5))
 
 
 # ---------------------------------------------------------------------------------- permute
@@ -58,41 +66,24 @@ def cpu_permute(
     override_buffer_size=-1,
     validate=False,
 ):
-    """moe_cpu.permute with outputs shaped as the oracle's; returns (outputs, status)."""
-    T = routemap.shape[0]
-    if override_buffer_size >= 0:
-        capacity, R = None, override_buffer_size
-    else:
-        capacity = np.asarray(tokens_per_expert, np.int64)
-        R = int(_oracle.padded_rows(capacity, alignment).sum())
-    gather_scale = do_gather and scale is not None
-    out_hidden = garbage((R if do_gather else 0, hidden.shape[1]), hidden.dtype)
-    out_scale = (
-        garbage((R, scale.shape[1]), scale.dtype) if gather_scale else np.zeros(0, np.float32)
+    """``_cpu.permute`` on a plan made by the contract, into garbage-filled outputs.
+
+    Returns the output tuple and the status words (None with ``validate=False``).
+    """
+    arrays = PermuteArrays(hidden, scale, routemap, probs)
+    plan = check_permute_metadata(
+        metadata(arrays),
+        num_experts=num_experts,
+        padding_alignment=alignment,
+        do_gather=do_gather,
+        using_ue8m0_scale=scale is not None and scale.dtype == np.int32,
+        return_expert_indices=return_expert_indices,
+        override_buffer_size=override_buffer_size,
+        validate=validate,
     )
-    out_rowmap = garbage((T, num_experts), np.int32)
-    out_probs = garbage(R, np.float32)
-    out_indices = garbage(R, np.int32) if return_expert_indices else None
-    status = garbage(_abi.PERMUTE_STATUS_LEN, np.int64)
-    moe_cpu.permute(
-        bits(hidden) if do_gather else None,
-        bits(scale) if gather_scale else None,
-        routemap,
-        probs,
-        capacity,
-        alignment,
-        out_hidden.view(np.uint8) if do_gather else None,
-        out_scale.view(np.uint8) if gather_scale else None,
-        out_rowmap,
-        out_probs,
-        out_indices,
-        status,
-        validate,
-    )
-    outputs = (out_hidden, out_rowmap, out_probs, out_scale)
-    if return_expert_indices:
-        outputs += (out_indices,)
-    return outputs, status
+    plan = with_capacities(plan, tokens_per_expert)
+    outputs, status = _cpu.permute(plan, arrays, validate, empty=garbage)
+    return outputs.result(), status
 
 
 def check_permute(
@@ -107,7 +98,11 @@ def check_permute(
     return_expert_indices=True,
     override_buffer_size=-1,
 ):
-    """Both validate modes against the oracle; returns the oracle's status."""
+    """Both validate modes against the oracle; returns the oracle's status.
+
+    ``validate=False`` writes every output whatever the values; ``validate=True`` returns the
+    status words, and writes the outputs only where they report nothing.
+    """
     args = (hidden, scale, routemap, probs, num_experts, tokens_per_expert, alignment)
     kwargs = dict(
         do_gather=do_gather,
@@ -116,7 +111,7 @@ def check_permute(
     )
     expected, expected_status = _oracle.permute(*args, **kwargs)
     got, status = cpu_permute(*args, **kwargs, validate=False)
-    np.testing.assert_array_equal(status, expected_status)
+    assert status is None
     assert len(got) == len(expected)
     for g, e in zip(got, expected, strict=True):
         assert g.shape == e.shape and g.dtype == e.dtype
@@ -168,19 +163,22 @@ def permute_cases(draw):
     elif mode == "override":
         needed = int(_oracle.padded_rows(counts, alignment).sum())
         override = max(0, needed + draw(st.integers(-6, 6)))
+    dtype = np.dtype(draw(st.sampled_from(HIDDEN_DTYPES)))
+    do_gather = draw(st.booleans()) or draw(st.booleans())
     scale = None
-    if draw(st.booleans()):
+    # the contract requires a scale with float8 rows that are gathered
+    if draw(st.booleans()) or (do_gather and dtype in FLOAT8):
         scale_dtype = draw(st.sampled_from([np.float32, np.int32]))
         scale = random_bits(rng, (T, draw(st.integers(1, 3))), scale_dtype)
     return dict(
-        hidden=random_bits(rng, (T, H), draw(st.sampled_from(HIDDEN_DTYPES))),
+        hidden=random_bits(rng, (T, H), dtype),
         scale=scale,
         routemap=routemap,
         probs=random_bits(rng, (T, K), np.float32),
         num_experts=E,
         tokens_per_expert=tokens_per_expert,
         alignment=alignment,
-        do_gather=draw(st.booleans()) or draw(st.booleans()),
+        do_gather=do_gather,
         return_expert_indices=draw(st.booleans()),
         override_buffer_size=override,
     )
@@ -230,10 +228,12 @@ def test_permute_chunks_and_threads():
     results = []
     for threads in (1, 2, 3):
         moe_cpu.set_num_threads(threads)
+        # validate=False: every output; validate=True: the status words (they report errors)
         results.append(
             [
-                cpu_permute(*args, counts, 4),
-                cpu_permute(*args, counts, 4, override_buffer_size=2000),
+                cpu_permute(*args, counts, 4, override_buffer_size=override, validate=validate)
+                for override in (-1, 2000)
+                for validate in (False, True)
             ]
         )
         if threads == 2:
@@ -243,6 +243,7 @@ def test_permute_chunks_and_threads():
             np.testing.assert_array_equal(sa, sb)
             for x, y in zip(a, b, strict=True):
                 np.testing.assert_array_equal(bits(x), bits(y))
+    assert results[0][1][1][_abi.PERMUTE_BAD_ID] == 1700 * 5 + 2
 
 
 def test_permute_many_experts_and_slots():
@@ -327,14 +328,14 @@ def test_permute_large_alignment_and_capacity():
             routemap,
             probs,
             cap,
-            alignment,
             out,
             None,
             rowmap,
             row_probs,
             None,
             status,
-            False,
+            alignment=alignment,
+            validate=False,
         )
         assert rowmap[0, 0] == 0 and rowmap[1, 0] == 1
         assert (rowmap[:, 1] == -1).all() and (out[2:] == 0).all()
@@ -342,317 +343,94 @@ def test_permute_large_alignment_and_capacity():
             assert status[_abi.PERMUTE_ROWS_NEEDED] == np.iinfo(np.int64).max
 
 
-# -------------------------------------------------------------------------------- unpermute
-
-
-def cpu_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision):
-    data_type, kernel_dtype = DATA_TYPES[rows.dtype]
-    T, K = routemap.shape
-    out_hidden = garbage((T, rows.shape[1]), rows.dtype)
-    out_probs = garbage((T, K), np.float32)
-    status = garbage(_abi.UNPERMUTE_STATUS_LEN, np.int64)
-    moe_cpu.unpermute(
-        rows.view(kernel_dtype),
-        rowmap,
-        routemap,
-        probs,
-        out_hidden.view(kernel_dtype),
-        out_probs,
-        status,
-        data_type,
-        weighted,
-        mix_precision,
-    )
-    return (out_hidden, out_probs), status
-
-
-def check_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision):
-    T, E = rowmap.shape
-    with np.errstate(all="ignore"):  # the oracle's float64 work on NaN/inf inputs
-        expected, expected_status = _oracle.unpermute(
-            rows, rowmap, routemap, probs, T, E, mix_precision, weighted
-        )
-    got, status = cpu_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision)
-    np.testing.assert_array_equal(status, expected_status)
-    for g, e in zip(got, expected, strict=True):
-        assert g.shape == e.shape and g.dtype == e.dtype
-        np.testing.assert_array_equal(bits(g), bits(e))
-    return expected_status
-
-
-SPECIAL_BITS = {
-    np.dtype(np.float32): [
-        0x00000000,
-        0x80000000,
-        0x7F800000,
-        0xFF800000,
-        0x7FC00000,
-        0xFFC00001,
-        0x7F800001,
-        0x00000001,
-        0x807FFFFF,
-        0x00800000,
-        0x7F7FFFFF,
-        0xFF7FFFFF,
-        0x3F800000,
-    ],
-    np.dtype(ml_dtypes.bfloat16): [
-        0x0000,
-        0x8000,
-        0x7F80,
-        0xFF80,
-        0x7FC0,
-        0xFFC1,
-        0x7F81,
-        0x0001,
-        0x807F,
-        0x0080,
-        0x7F7F,
-        0xFF7F,
-        0x3F80,
-    ],
-    np.dtype(np.float16): [
-        0x0000,
-        0x8000,
-        0x7C00,
-        0xFC00,
-        0x7E00,
-        0xFE01,
-        0x7C01,
-        0x0001,
-        0x83FF,
-        0x0400,
-        0x7BFF,
-        0xFBFF,
-        0x3C00,
-    ],
-}
-
-
-def random_values(rng, shape, dtype, special=0.1):
-    """Values over a wide range of magnitudes, with NaNs, infs, zeros and subnormals."""
-    dtype = np.dtype(dtype)
-    finfo = ml_dtypes.finfo(dtype) if dtype == ml_dtypes.bfloat16 else np.finfo(dtype)
-    log_max = np.log2(float(finfo.max))
-    magnitude = np.exp2(rng.uniform(float(np.log2(finfo.smallest_subnormal)), log_max, shape))
-    values = (magnitude * rng.choice([-1.0, 1.0], shape)).astype(dtype)
-    small = rng.random(shape) < 0.5  # plenty of ordinary values, whose sums round
-    values[small] = rng.standard_normal(int(small.sum())).astype(dtype)
-    uint = np.uint32 if dtype.itemsize == 4 else np.uint16
-    pick = rng.random(shape) < special
-    specials = np.array(SPECIAL_BITS[dtype], uint)
-    values.view(uint)[pick] = rng.choice(specials, int(pick.sum()))
-    return values
-
-
-@st.composite
-def unpermute_cases(draw):
-    T = draw(st.integers(0, 24))
-    K = draw(st.integers(1, 6))
-    E = draw(st.integers(1, 9))
-    R = draw(st.integers(0, 30))
-    H = draw(st.integers(1, 9))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    dtype = np.dtype(draw(st.sampled_from(list(DATA_TYPES))))
-    rowmap = rng.integers(-1, max(R, 1), (T, E)).astype(np.int32)
-    rowmap[rng.random((T, E)) < 0.4] = -1
-    if draw(st.booleans()):  # out-of-range rows
-        bad = rng.random((T, E)) < 0.1
-        rowmap[bad] = rng.choice([-2, R, R + 5, -(2**31), 2**31 - 1], int(bad.sum()))
-    routemap = rng.integers(-1, E, (T, K))
-    if draw(st.booleans()):  # out-of-range ids
-        bad = rng.random((T, K)) < 0.1
-        routemap[bad] = rng.choice([-2, E, E + 3], int(bad.sum()))
-    routemap = routemap.astype(draw(st.sampled_from([np.int32, np.int64])))
-    scale = draw(st.sampled_from([1.0, 1e-3, 1e3]))  # drive sums to overflow or underflow
-    with np.errstate(all="ignore"):
-        probs = random_values(rng, R, np.float32, special=0.05) * np.float32(scale)
+def permute_arguments(T=3, K=2, E=4, R=6, hb=8, sb=4):
+    """Consistent arguments of moe_cpu.permute (rows and scale rows gathered)."""
     return dict(
-        rows=random_values(rng, (R, H), dtype),
-        rowmap=rowmap,
-        routemap=routemap,
-        probs=probs,
-        weighted=draw(st.booleans()),
-        mix_precision=draw(st.booleans()),
+        hidden=np.zeros((T, hb), np.uint8),
+        scale=np.zeros((T, sb), np.uint8),
+        routemap=np.full((T, K), -1, np.int32),
+        probs=np.zeros((T, K), np.float32),
+        capacity=np.zeros(E, np.int64),
+        out_hidden=np.empty((R, hb), np.uint8),
+        out_scale=np.empty((R, sb), np.uint8),
+        out_rowmap=np.empty((T, E), np.int32),
+        out_probs=np.empty(R, np.float32),
+        out_indices=np.empty(R, np.int32),
+        status=np.empty(_abi.PERMUTE_STATUS_LEN, np.int64),
     )
 
 
-@HYPOTHESIS
-@given(unpermute_cases())
-def test_unpermute_random(case):
-    check_unpermute(**case)
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("probs", np.zeros((3, 3), np.float32), r"probs must have shape \[T, K\] = \(3, 2\); "),
+        ("out_rowmap", np.zeros((2, 4), np.int32), r"out_rowmap must have shape \[T, E\] = "),
+        ("capacity", np.zeros(5, np.int64), r"capacity must have shape \[E\] = \(4,\); got"),
+        ("hidden", np.zeros((4, 8), np.uint8), r"hidden must have shape \[T, hb\] = \(3, 8\)"),
+        ("out_hidden", np.zeros((6, 7), np.uint8), r"out_hidden must have shape \[R, hb\] = "),
+        ("scale", np.zeros((2, 4), np.uint8), r"scale must have shape \[T, sb\] = \(3, 4\)"),
+        ("out_scale", np.zeros((5, 4), np.uint8), r"out_scale must have shape \[R, sb\] = "),
+        ("out_indices", np.zeros(7, np.int32), r"out_indices must have shape \[R\] = \(6,\)"),
+        ("status", np.zeros(8, np.int64), r"status must have shape \[PERMUTE_STATUS_LEN\]"),
+        (
+            "out_hidden",
+            None,
+            "hidden and out_hidden must both be arrays or both be None; "
+            "got hidden=an array, out_hidden=None",
+        ),
+        (
+            "scale",
+            None,
+            "scale and out_scale must both be arrays or both be None; "
+            "got scale=None, out_scale=an array",
+        ),
+    ],
+)
+def test_permute_shapes_must_agree(name, value, message):
+    args = permute_arguments()
+    args[name] = value
+    with pytest.raises(ValueError, match=message):
+        moe_cpu.permute(**args, alignment=1, validate=False)
 
 
-@pytest.mark.parametrize("mix_precision", [True, False])
-@pytest.mark.parametrize("weighted", [True, False])
-@pytest.mark.parametrize("dtype", list(DATA_TYPES))
-def test_unpermute_dtypes(dtype, weighted, mix_precision):
-    """Every variant; H spans several combine blocks plus a ragged tail; many rows per token."""
-    rng = np.random.default_rng(5)
-    T, E, K, R, H = 6, 40, 40, 80, 1300
-    routemap = np.stack([rng.permutation(E) for _ in range(T)])[:, :K].astype(np.int32)
-    rowmap = np.full((T, E), -1, np.int32)
-    rowmap[:, :] = rng.integers(0, R, (T, E))
-    rowmap[rng.random((T, E)) < 0.3] = -1
-    rowmap[2] = -1  # a token with no rows
-    status = check_unpermute(
-        random_values(rng, (R, H), dtype, special=0.002),
-        rowmap,
-        routemap,
-        random_values(rng, R, np.float32, special=0.0),
-        weighted,
-        mix_precision,
+def test_permute_alignment_below_one():
+    with pytest.raises(ValueError, match="alignment must be >= 1; got 0"):
+        moe_cpu.permute(**permute_arguments(), alignment=0, validate=False)
+    moe_cpu.permute(**permute_arguments(), alignment=1, validate=False)
+
+
+def test_the_glue_allocates_every_output_and_status_word_with_empty():
+    """``empty=`` serves every array the glue makes (so garbage would show up anywhere)."""
+    requests = []
+
+    def recording(shape, dtype):
+        requests.append((tuple(shape), np.dtype(dtype)))
+        return garbage(shape, dtype)
+
+    hidden = np.ones((3, 2), ml_dtypes.bfloat16)
+    arrays = PermuteArrays(
+        hidden, np.ones((3, 1), np.float32), np.zeros((3, 1), np.int32), np.ones((3, 1), np.float32)
     )
-    assert (status == -1).all()
-
-
-def test_unpermute_status_words():
-    rows = np.ones((4, 2), np.float32)
-    rowmap = np.array([[0, -1, 1], [7, 2, -3], [3, -5, -1]], np.int32)
-    routemap = np.array([[0, 1], [2, 5], [-4, 0]], np.int64)
-    status = check_unpermute(rows, rowmap, routemap, np.ones(4, np.float32), True, True)
-    assert list(status) == [3, 5, 3, 7]
-
-
-@pytest.mark.parametrize("dtype", list(DATA_TYPES))
-def test_unpermute_empty_and_degenerate(dtype):
-    rng = np.random.default_rng(6)
-    for T, E, K, R, H in [(0, 3, 2, 4, 5), (3, 2, 4, 0, 3), (4, 1, 3, 2, 1), (3, 3, 1, 5, 7)]:
-        rowmap = rng.integers(-1, max(R, 1), (T, E)).astype(np.int32)
-        routemap = rng.integers(-1, E, (T, K)).astype(np.int32)
-        for weighted in (True, False):
-            check_unpermute(
-                random_values(rng, (R, H), dtype),
-                rowmap,
-                routemap,
-                rng.random(R, dtype=np.float32),
-                weighted,
-                False,
-            )
-
-
-def test_unpermute_threads_identical():
-    rng = np.random.default_rng(7)
-    T, E, K, R, H = 700, 16, 6, 2000, 96
-    rowmap = rng.integers(-1, R, (T, E)).astype(np.int32)
-    rowmap[rng.random((T, E)) < 0.6] = -1
-    rowmap[650, 3] = R + 1
-    routemap = rng.integers(-1, E, (T, K)).astype(np.int64)
-    routemap[300, 1] = -9
-    for dtype in DATA_TYPES:
-        rows = random_values(rng, (R, H), dtype)
-        probs = random_values(rng, R, np.float32)
-        results = []
-        for threads in (1, 2, 3):
-            moe_cpu.set_num_threads(threads)
-            results.append(cpu_unpermute(rows, rowmap, routemap, probs, True, False))
-        for a, sa in results[1:]:
-            np.testing.assert_array_equal(sa, results[0][1])
-            for x, y in zip(a, results[0][0], strict=True):
-                np.testing.assert_array_equal(bits(x), bits(y))
-
-
-def test_unpermute_data_type_mismatch():
-    rows = np.ones((2, 2), np.float32)
-    args = (np.zeros((1, 1), np.int32), np.zeros((1, 1), np.int32), np.ones(2, np.float32))
-    with pytest.raises(ValueError, match="DATA_FLOAT32"):
-        moe_cpu.unpermute(
-            rows,
-            *args,
-            np.empty((1, 2), np.float32),
-            np.empty((1, 1), np.float32),
-            np.empty(4, np.int64),
-            _abi.DATA_BFLOAT16,
-            False,
-            True,
-        )
-    with pytest.raises(ValueError, match="DATA_BFLOAT16"):
-        moe_cpu.unpermute(
-            np.ones((2, 2), np.uint16),
-            *args,
-            np.empty((1, 2), np.uint16),
-            np.empty((1, 1), np.float32),
-            np.empty(4, np.int64),
-            _abi.DATA_FLOAT32,
-            False,
-            True,
-        )
-
-
-# ------------------------------------------------------------------------------ conversions
-
-
-def canonical(values, dtype):
-    """Oracle narrowing: round to nearest even, NaN canonical."""
-    with np.errstate(invalid="ignore"):
-        return bits(_oracle.round_to(dtype, values)).view(np.uint16)
-
-
-def widen(h, data_type):
-    out = np.empty(h.size, np.float32)
-    _unpermute._widen(h, out, data_type)
-    return out
-
-
-def narrow(f, data_type):
-    out = np.empty(f.size, np.uint16)
-    _unpermute._narrow(np.ascontiguousarray(f, np.float32), out, data_type)
-    return out
-
-
-@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
-def test_widen_exhaustive(dtype):
-    data_type = DATA_TYPES[np.dtype(dtype)][0]
-    h = np.arange(2**16, dtype=np.uint16)
-    got = widen(h, data_type)
-    expected = h.view(dtype).astype(np.float32)
-    nan = np.isnan(expected)
-    assert (np.isnan(got) == nan).all()
-    np.testing.assert_array_equal(got.view(np.uint32)[~nan], expected.view(np.uint32)[~nan])
-
-
-def narrowing_edge_cases(dtype):
-    """Every representable value, the midpoints between neighbours and the floats next to both."""
-    h = np.arange(2**16, dtype=np.uint16).view(dtype).astype(np.float32)
-    h = np.sort(h[np.isfinite(h)])
-    mid = (h[:-1].astype(np.float64) + h[1:]) / 2  # exact in float32 (fewer than 24 bits)
-    mid = mid.astype(np.float32)
-    # above the largest finite value: its midpoint to the next power of two (overflow edge)
-    top = np.float32(float(h[-1]) + (float(h[-1]) - float(h[-2])) / 2)
-    points = np.concatenate([h, mid, [top, -top]])
-    near = [np.nextafter(points, np.float32(np.inf)), np.nextafter(points, np.float32(-np.inf))]
-    special = np.array(
-        [
-            0x7F800000,
-            0xFF800000,
-            0x7F800001,
-            0xFFFFFFFF,
-            0x7FC00000,
-            0x00000001,
-            0x807FFFFF,
-            0x7F7FFFFF,
-            0x33000000,
-            0x33000001,
-            0xB3000000,
-        ],
-        np.uint32,
-    ).view(np.float32)
-    return np.concatenate([points, *near, special]).astype(np.float32)
-
-
-@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
-def test_narrow_edge_cases_and_random(dtype):
-    data_type = DATA_TYPES[np.dtype(dtype)][0]
-    rng = np.random.default_rng(8)
-    edges = narrowing_edge_cases(dtype)
-    # every exponent (both signs) with all patterns of the bits a rounding looks at
-    exponents = np.arange(512, dtype=np.uint32) << 23
-    low = np.arange(2**13, dtype=np.uint32)
-    high = rng.integers(0, 2**10, 4, dtype=np.uint32) << 13
-    grid = (exponents[:, None, None] | high[None, :, None] | low[None, None, :]).reshape(-1)
-    sample = rng.integers(0, 2**32, 2**22, dtype=np.uint32)
-    for values in (edges, grid.view(np.float32), sample.view(np.float32)):
-        np.testing.assert_array_equal(narrow(values, data_type), canonical(values, dtype))
+    plan = check_permute_metadata(
+        metadata(arrays),
+        num_experts=2,
+        padding_alignment=2,
+        do_gather=True,
+        using_ue8m0_scale=False,
+        return_expert_indices=True,
+        override_buffer_size=-1,
+        validate=True,
+    )
+    outputs, status = _cpu.permute(with_capacities(plan, [3, 0]), arrays, True, empty=recording)
+    assert requests == [
+        ((4, 2), np.dtype(ml_dtypes.bfloat16)),
+        ((3, 2), np.dtype(np.int32)),
+        ((4,), np.dtype(np.float32)),
+        ((4, 1), np.dtype(np.float32)),
+        ((4,), np.dtype(np.int32)),
+        ((_abi.PERMUTE_STATUS_LEN,), np.dtype(np.int64)),
+    ]
+    assert (status == -1).all() and outputs.result()[1].tolist() == [[0, -1], [1, -1], [2, -1]]
 
 
 # ---------------------------------------------------------------------------- thread control
@@ -667,9 +445,9 @@ def test_threads_api():
     assert moe_cpu.get_num_threads() == (3 if moe_cpu.openmp_enabled() else 1)
     moe_cpu.set_num_threads(None)
     assert moe_cpu.get_num_threads() == default
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="n must be a positive int or None, got 0"):
         moe_cpu.set_num_threads(0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="n must be a positive int or None, got float"):
         moe_cpu.set_num_threads(2.0)
 
 
@@ -679,11 +457,11 @@ def test_copy_rows(size, threads):
     moe_cpu.set_num_threads(threads)
     src = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
     dst = garbage(size, np.uint8)
-    moe_cpu.copy_rows(src, dst)
+    copy_rows(src, dst)
     np.testing.assert_array_equal(dst, src)
     src2d = src[: size // 2 * 2].reshape(-1, 2) if size > 1 else src.reshape(-1, 1)
     dst2d = garbage(src2d.shape, np.uint8)
-    moe_cpu.copy_rows(src2d, dst2d)
+    copy_rows(src2d, dst2d)
     np.testing.assert_array_equal(dst2d, src2d)
-    with pytest.raises(ValueError):
-        moe_cpu.copy_rows(src, np.empty(size + 1, np.uint8))
+    with pytest.raises(ValueError, match=f"dst must have {size} elements, got {size + 1}"):
+        copy_rows(src, np.empty(size + 1, np.uint8))

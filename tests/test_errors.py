@@ -458,5 +458,5 @@ def test_value_errors_are_raised_only_with_validate(backend):
     # expert 0: tokens 0 and 2 (its repeat in token 0 ignored) but capacity 1: token 2 dropped;
     # expert 2 has capacity 0: token 2 dropped; the id 9 is ignored
     np.testing.assert_array_equal(rowmap, [[0, -1, -1], [-1, 2, -1], [-1, -1, -1], [-1, -1, -1]])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"expert_routemap_topk\[1, 1\] = 9 is not an expert id"):
         moe_permute(**_device_args(backend, args))

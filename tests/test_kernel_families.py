@@ -6,12 +6,13 @@ import inspect
 
 import pytest
 
-from moe_numba import _abi, _bench_hold, kernels
+from moe_numba import _abi, kernels
+from moe_numba.bench import _hold
 from moe_numba.kernels._family import KernelFamily, NoKey, RoutingKey, variant_name
 from moe_numba.kernels.combine import CombineKey
 from moe_numba.kernels.gather import GatherKey
 
-FAMILIES = (*kernels.families(), _bench_hold.HOLD)
+FAMILIES = (*kernels.families(), _hold.HOLD)
 VARIANTS = [(family, key) for family in FAMILIES for key in family.variants()]
 
 

@@ -20,6 +20,8 @@ import types
 import pytest
 from numba import config
 
+pytestmark = pytest.mark.ptx  # the real CUDA target (conftest skips it in the simulator)
+
 if config.ENABLE_CUDASIM:
     pytest.skip(
         "compiles PTX with numba's real CUDA target, which NUMBA_ENABLE_CUDASIM=1 replaces",
@@ -29,14 +31,15 @@ if config.ENABLE_CUDASIM:
 from numba import cuda  # noqa: E402
 from numba.cuda import types as nb  # noqa: E402
 
-from moe_numba import _abi, _bench_hold, kernels  # noqa: E402
+from moe_numba import _abi, kernels  # noqa: E402
 from moe_numba._errors import MISSING_TOOLKIT_ERRORS  # noqa: E402
+from moe_numba.bench import _hold  # noqa: E402
 from moe_numba.kernels import _intrinsics as ix  # noqa: E402
 from moe_numba.kernels._family import INT, ptr  # noqa: E402
 from moe_numba.kernels.combine import CombineKey  # noqa: E402
 from moe_numba.kernels.scatter import ScatterKey  # noqa: E402
 
-FAMILIES = (*kernels.families(), _bench_hold.HOLD)
+FAMILIES = (*kernels.families(), _hold.HOLD)
 ALL = os.environ.get("MOE_PTX_ALL") == "1"
 
 

@@ -1,9 +1,11 @@
-"""The README's usage example runs as written and does what its comments say."""
+"""The README: its usage example runs as written and does what its comments say, and CI runs
+its set-up and test commands."""
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
 def test_readme_usage_example():
@@ -19,10 +21,25 @@ def test_readme_usage_example():
 def test_docs_quickstart_installs_as_the_readme_does():
     """CI runs the README's set-up command in a fresh venv; the quickstart shows the same."""
     readme = README.read_text()
-    quickstart = (README.parent / "docs" / "quickstart.rst").read_text()
+    quickstart = (ROOT / "docs" / "quickstart.rst").read_text()
     command = (
         "python3 -m venv .venv && . .venv/bin/activate && pip install -e . "
         "&& python -m moe_numba demo"
     )
     assert command in readme
     assert command in quickstart
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run installs and tests as the README says (in a venv of its own)."""
+    lines = [
+        line
+        for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+        for line in block.splitlines()
+    ]
+    assert "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]'" in lines
+    test_command = "python -m pytest && NUMBA_ENABLE_CUDASIM=1 python -m pytest -m sim"
+    assert test_command in lines
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "pip install -q -e '.[test]'" in ci
+    assert test_command in ci

@@ -1,0 +1,113 @@
+"""Which backend runs a call, whether its arrays can go there, and what its checks depend on.
+
+A call's arrays are either all NumPy arrays (CPU backend) or all CUDA arrays of one library
+(GPU backend). Every object is looked at through :func:`moe_numba._libraries.classify`, the
+one classifier, so an object passes :func:`locate` exactly when an adapter serves it.
+"""
+
+from __future__ import annotations
+
+from ._libraries import array_library, classify, refusal_hint, served_type
+
+
+def _name_of(x):
+    return f"{type(x).__module__}.{type(x).__name__}"
+
+
+def _refusal(name, x):
+    """The TypeError for an argument that no adapter serves."""
+    return TypeError(
+        f"{name} must be a NumPy array or a CUDA array (torch CUDA tensor, CuPy array, numba "
+        f"device array or other __cuda_array_interface__ object); got {_name_of(x)}"
+        + refusal_hint(name, x)
+    )
+
+
+def locate(arrays):
+    """Decide the backend for a call from its named arrays.
+
+    Parameters
+    ----------
+    arrays : dict of str to array or None
+        The call's array arguments by name; ``None`` entries are skipped.
+
+    Returns
+    -------
+    str
+        ``"cpu"`` when every array is a NumPy array, ``"cuda"`` when every array is a CUDA
+        array.
+
+    Raises
+    ------
+    TypeError
+        For an object no array library of moe-numba serves, or host and device arrays mixed
+        in one call.
+    """
+    first = {}  # location -> name of its first argument
+    for name, x in arrays.items():
+        if x is None:
+            continue
+        adapter = classify(x)
+        if adapter is None:
+            raise _refusal(name, x)
+        first.setdefault(adapter.location, name)
+        if len(first) > 1:
+            host, device = first["cpu"], first["cuda"]
+            raise TypeError(
+                f"{host} is a {_name_of(arrays[host])} (host array) but {device} is a "
+                f"{_name_of(arrays[device])} (CUDA array): pass all arrays on the host or all "
+                "on one GPU; nothing is copied between host and device"
+            )
+    return "cuda" if "cuda" in first else "cpu"
+
+
+def check_arrays(arrays):
+    """Every array C-contiguous (kernels index rows linearly) and all on one device.
+
+    Raises ``ValueError`` for a strided array, ``TypeError`` for arrays on two devices.
+    """
+    devices = {}
+    for name, x in arrays.items():
+        if x is None:
+            continue
+        library = array_library(x)
+        if not library.is_contiguous(x):
+            raise ValueError(
+                f"{name} must be C-contiguous; got a strided view of shape "
+                f"{tuple(library.shape(x))} (make a contiguous copy first)"
+            )
+        devices.setdefault(library.device(x), name)
+    if len(devices) > 1:
+        (device_a, name_a), (device_b, name_b) = list(devices.items())[:2]
+        raise TypeError(
+            f"{name_a} is on {device_a} but {name_b} is on {device_b}: "
+            "pass all arrays on one device"
+        )
+
+
+def call_key(arrays, scalars):
+    """A hashable key for what a call's checks depend on, or None when there is none.
+
+    Per array its type, shape, dtype, strides and device (so location, metadata and
+    contiguity checks can be remembered), per scalar its type and value. Only arrays of a
+    type that has been classified before get a key: the first call always runs every check.
+    (An equal key means an equal type and device, so the adapter that served the first call's
+    arrays serves these too.)
+    """
+    key = []
+    for x in arrays:
+        if x is None:
+            key.append(None)
+            continue
+        library = served_type(type(x))
+        k = None if library is None else library.key(x)
+        if k is None:
+            return None
+        key.append(k)
+    key.extend((type(v), v) for v in scalars)
+    key = tuple(key)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable scalar
+        return None
+    return key

@@ -1,0 +1,85 @@
+"""The printed table of a run, and its comparison with an earlier run's JSON."""
+
+from __future__ import annotations
+
+import sys
+
+from ._results import MODE_TITLES
+
+_OP = 36  # width of the operation column (indented under its case)
+COPY = "copy (same bytes)"
+
+
+def _rows(results):
+    """``(case or None, name, figures, result or None)`` per printed row: a heading per
+    case, then per result its copy (where the bytes change) and itself."""
+    case = nbytes = None
+    for r in results:
+        if r.case != case:
+            case, nbytes = r.case, None
+            yield r.case, None, None, None
+        if r.nbytes != nbytes:
+            nbytes = r.nbytes
+            yield None, COPY, r.copy_us, r
+        yield None, r.op, r.us, r
+
+
+def print_table(results, out=None):
+    """Print one row per result under a heading per case: its median time in every mode,
+    GB/s and % of the copy from the first mode, and the speed-up over NumPy where measured.
+
+    The copy of the same bytes, in the same modes, is printed above the results it serves.
+    """
+    if not results:
+        return
+    out = out or sys.stdout  # looked up per call, so redirections of sys.stdout apply
+    modes = results[0].modes
+    numpy = any(r.numpy_us for r in results)
+    header = f"{'operation':<{_OP}} {MODE_TITLES[modes[0]] + ' us':>10} {'GB/s':>8} {'% copy':>7}"
+    header += "".join(f" {MODE_TITLES[m] + ' us':>10}" for m in modes[1:])
+    header += f" {'vs NumPy':>9}" if numpy else ""
+    print(header, file=out)
+    print("-" * len(header), file=out)
+    for case, name, figures, r in _rows(results):
+        if case is not None:
+            print(case.label(), file=out)
+            continue
+        is_copy = name == COPY
+        gbps = r.copy_gbps if is_copy else r.gbps
+        percent = 100.0 if is_copy else r.percent
+        line = f"  {name:<{_OP - 2}} {figures[modes[0]]:10.1f} {gbps:8.1f} {percent:6.1f}%"
+        line += "".join(f" {figures[m]:10.1f}" for m in modes[1:])
+        if numpy and not is_copy and r.numpy_us:
+            line += f" {r.numpy_us / r.us[modes[0]]:8.1f}x"
+        print(line, file=out)
+
+
+def print_comparison(results, previous, path, out=None):
+    """Print, per result of this run that ``previous`` (a list of results) also has, the
+    ratio old time / new time in every mode both measured (> 1: faster now), for the copy
+    as well (how much the machine itself moved)."""
+    out = out or sys.stdout
+    old = {r.key(): r for r in previous}
+    print(f"\ncompared with {path}: old time / new time (> 1: faster now)", file=out)
+    missing = 0
+    for case, name, figures, r in _rows(results):
+        if case is not None:
+            print(case.label(), file=out)
+            continue
+        before = old.get(r.key())
+        if before is None:
+            missing += name != COPY
+            print(f"  {name:<{_OP - 2}} (not in {path})", file=out)
+            continue
+        before_figures = before.copy_us if name == COPY else before.us
+        cells = [
+            f"{MODE_TITLES[m]} {before_figures[m] / figures[m]:5.2f}x "
+            f"({before_figures[m]:.1f} -> {figures[m]:.1f} us)"
+            for m in figures
+            if m in before_figures
+        ]
+        if not cells:
+            cells = [f"(measured in other modes there: {', '.join(before_figures)})"]
+        print(f"  {name:<{_OP - 2}} " + "  ".join(cells), file=out)
+    if missing:
+        print(f"{missing} result(s) of this run are not in {path}", file=out)

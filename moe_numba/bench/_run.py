@@ -1,0 +1,76 @@
+"""One run of the bench: its cases in order, progress on stderr, then the table, the JSON,
+the comparison and the plot."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+from . import _results
+from ._report import print_comparison, print_table
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A run, its options checked (``python -m moe_numba bench`` builds it).
+
+    Attributes
+    ----------
+    target : CpuTarget or CudaTarget
+        Where to run (:mod:`._target`).
+    cases : list of Case
+        The shapes, in order.
+    repeat : int
+        Timed repetitions per measurement.
+    json : str or None
+        Where to save the results.
+    previous : tuple or None
+        ``(path, results)`` of an earlier run to compare with.
+    plot : str or None
+        Where to save the plot.
+    """
+
+    target: object
+    cases: list
+    repeat: int
+    json: str | None = None
+    previous: tuple | None = None
+    plot: str | None = None
+
+
+def run(settings):
+    """Time every case of ``settings`` and report; returns the exit status (0)."""
+    target, cases = settings.target, settings.cases
+    print(
+        f"backend: {target.description}; {len(cases)} shape(s), "
+        f"{settings.repeat} timed repetitions each",
+        file=sys.stderr,
+    )
+    if target.device == "cuda":
+        from . import _cuda as backend
+        from ._timers import CudaTimer as Timer
+    else:
+        from . import _cpu as backend
+        from ._timers import WallTimer as Timer
+    timer = Timer(settings.repeat)
+
+    results = []
+    began = time.perf_counter()
+    for i, case in enumerate(cases, 1):
+        print(
+            f"[{i}/{len(cases)}] {case.label()} ({time.perf_counter() - began:.0f} s so far)",
+            file=sys.stderr,
+            flush=True,
+        )
+        results += backend.bench_case(case, target, timer)
+        if settings.json:  # after every shape, so that a run cut short keeps what it measured
+            _results.save(settings.json, target.description, results)
+    print_table(results)
+    if settings.previous:
+        print_comparison(results, settings.previous[1], settings.previous[0])
+    if settings.plot:
+        from ._plot import plot
+
+        plot(results, settings.plot, target.description)
+    return 0

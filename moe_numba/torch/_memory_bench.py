@@ -1,0 +1,145 @@
+"""Peak GPU memory of one forward + backward step of the training page's MoE layer.
+
+The layer without the experts' GEMMs: permute -> each row times its probability (the
+"expert", as in docs/examples/moe_layer.py) -> unweighted unpermute; or, with ``--weighted``,
+permute -> unpermute with the weighted combine. Run on a CUDA GPU::
+
+    python -m moe_numba.torch._memory_bench --json memory.json
+
+:func:`measure` takes any step function, so a benchmark can time a peer's layer (Transformer
+Engine's, say) on the same inputs and compare the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from .. import moe_permute, moe_unpermute
+
+
+def measure(step, *args):
+    """Run ``step(*args)`` once on CUDA and report its memory.
+
+    Returns
+    -------
+    dict
+        ``peak_bytes``: the most memory allocated above what was allocated before the call;
+        ``held_bytes``: what the call left allocated (what ``step`` returned and kept).
+    """
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    kept = step(*args)
+    torch.cuda.synchronize()
+    result = {
+        "peak_bytes": torch.cuda.max_memory_allocated() - base,
+        "held_bytes": torch.cuda.memory_allocated() - base,
+    }
+    del kept
+    return result
+
+
+def layer_inputs(num_tokens, hidden, topk, num_experts, alignment, *, seed=0, device="cuda"):
+    """Rows, probabilities, routing, the output's gradient and the row count of one step."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(num_tokens, hidden, device=device, dtype=torch.bfloat16, generator=generator)
+    logits = torch.randn(num_tokens, num_experts, device=device, generator=generator)
+    probs, ids = torch.topk(logits.softmax(dim=1), topk, dim=1)
+    counts = torch.bincount(ids.flatten(), minlength=num_experts)
+    num_rows = int(((counts + alignment - 1) // alignment * alignment).sum())
+    grad_out = torch.randn(num_tokens, hidden, device=device, generator=generator)
+    return dict(
+        x=x.requires_grad_(),
+        probs=probs.contiguous().requires_grad_(),
+        routemap=ids.to(torch.int32),
+        grad_out=grad_out.to(torch.bfloat16),
+        num_experts=num_experts,
+        alignment=alignment,
+        num_rows=num_rows,
+    )
+
+
+def forward(inputs, weighted=False):
+    """The layer's output (the graph for its backward attached)."""
+    rows, rowmap, row_probs, _ = moe_permute(
+        inputs["x"],
+        None,
+        inputs["routemap"],
+        inputs["probs"],
+        inputs["num_experts"],
+        None,
+        inputs["alignment"],
+        override_buffer_size=inputs["num_rows"],
+        validate=False,
+    )
+    expert = rows if weighted else rows * row_probs[:, None].to(rows.dtype)
+    out, _ = moe_unpermute(
+        expert,
+        rowmap,
+        inputs["routemap"],
+        row_probs,
+        inputs["x"].shape[0],
+        inputs["num_experts"],
+        using_weighted_combine=weighted,
+        validate=False,
+    )
+    return out
+
+
+def step(inputs, weighted=False):
+    """One forward + backward of the layer; the gradients land in ``x.grad``, ``probs.grad``."""
+    forward(inputs, weighted).backward(inputs["grad_out"])
+
+
+def report(num_tokens, hidden, topk, num_experts, alignment, weighted=False):
+    """The figures of one shape: the step's peak, what the forward keeps for the backward,
+    and both in units of one ``[T, H]`` bf16 tensor."""
+    inputs = layer_inputs(num_tokens, hidden, topk, num_experts, alignment)
+    step(inputs, weighted)  # warm-up: kernels compiled, allocator pools filled
+    inputs["x"].grad = inputs["probs"].grad = None
+    forward_only = measure(forward, inputs, weighted)
+    inputs["x"].grad = inputs["probs"].grad = None
+    whole = measure(step, inputs, weighted)
+    unit = num_tokens * hidden * 2
+    return {
+        "shape": dict(
+            num_tokens=num_tokens,
+            hidden=hidden,
+            topk=topk,
+            num_experts=num_experts,
+            alignment=alignment,
+            num_rows=inputs["num_rows"],
+            weighted=weighted,
+        ),
+        "step_peak_bytes": whole["peak_bytes"],
+        "forward_held_bytes": forward_only["held_bytes"],
+        "step_peak_in_TH": whole["peak_bytes"] / unit,
+        "forward_held_in_TH": forward_only["held_bytes"] / unit,
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--hidden", type=int, default=7168)
+    parser.add_argument("--topk", type=int, default=8)
+    parser.add_argument("--experts", type=int, default=64)
+    parser.add_argument("--alignment", type=int, default=128)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    results = [
+        report(args.tokens, args.hidden, args.topk, args.experts, args.alignment, weighted)
+        for weighted in (False, True)
+    ]
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

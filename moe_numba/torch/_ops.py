@@ -1,0 +1,329 @@
+"""The torch custom ops ``moe_numba::permute``, ``unpermute``, ``permute_backward`` and
+``unpermute_backward``: implementations and fake kernels.
+
+Each implementation calls the library's internal entry for its tensors' device: CUDA tensors go
+to the GPU backend as they are; CPU tensors cross to the Cython backend as NumPy views, and the
+outputs are torch tensors that the backend wrote through NumPy views (:mod:`._bridge`). The
+fake kernels give the shapes of SPEC 6 (the row count is ``override_buffer_size``, or
+``sum_e ceil(n_e / A) * A``) and, when the call's ints are not traced, run the contract's
+metadata checks, so that ``torch.compile`` reports a bad call while it traces.
+
+A schema has a fixed number of outputs: the optional ones (``expert_indices``, absent
+gradients) are always returned, empty when not asked for; :mod:`._calls` and :mod:`._autograd`
+drop them.
+"""
+
+# no ``from __future__ import annotations``: torch reads the schemas from the annotations
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .. import _api
+from .._contract import (
+    PermuteArrays,
+    UnpermuteArrays,
+    capacities_from,
+    check_permute_metadata,
+    check_unpermute_metadata,
+)
+from . import _gradients
+from ._bridge import TorchAllocator, from_numpy, to_numpy
+
+
+def _absent(like):
+    """The stand-in for an output that was not asked for: an empty float32 tensor."""
+    return like.new_empty((0,), dtype=torch.float32)
+
+
+def _on_cpu(tensor):
+    return tensor.device.type == "cpu"
+
+
+# ------------------------------------------------------------------------------------------
+# permute
+
+
+@torch.library.custom_op("moe_numba::permute", mutates_args=())
+def permute(
+    hidden_states: Tensor,
+    scale: Tensor | None,
+    expert_routemap_topk: Tensor,
+    expert_prob_topk: Tensor,
+    num_experts: int,
+    tokens_per_expert: Sequence[int] | None,
+    padding_alignment: int,
+    do_gather: bool,
+    using_ue8m0_scale: bool,
+    return_expert_indices: bool,
+    override_buffer_size: int,
+    validate: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``moe_permute`` (see :func:`moe_numba.moe_permute`); ``expert_indices`` always last,
+    empty unless ``return_expert_indices``."""
+    scalars = (
+        num_experts,
+        tokens_per_expert,
+        padding_alignment,
+        do_gather,
+        using_ue8m0_scale,
+        return_expert_indices,
+        override_buffer_size,
+    )
+    if _on_cpu(hidden_states):
+        allocate = TorchAllocator()
+        arrays = map(to_numpy, (hidden_states, scale, expert_routemap_topk, expert_prob_topk))
+        outputs = _api._moe_permute(*arrays, *scalars, validate=validate, empty=allocate)
+        outputs = tuple(map(allocate.tensor, outputs))
+    else:
+        outputs = _api._moe_permute(
+            hidden_states,
+            scale,
+            expert_routemap_topk,
+            expert_prob_topk,
+            *scalars,
+            validate=validate,
+        )
+    if not return_expert_indices:
+        outputs = (*outputs, hidden_states.new_empty((0,), dtype=torch.int32))
+    return outputs
+
+
+def _concrete(*values):
+    """Whether no value is a traced (symbolic) int: then the fake kernels run the contract's
+    checks, which would otherwise specialise the graph to each value."""
+    return not any(isinstance(v, torch.SymInt) for v in values)
+
+
+def _rows_needed(tokens_per_expert, padding_alignment):
+    """``sum_e ceil(n_e / A) * A``, also for traced counts."""
+    return sum(-(-n // padding_alignment) * padding_alignment for n in tokens_per_expert)
+
+
+@permute.register_fake
+def _(
+    hidden_states,
+    scale,
+    expert_routemap_topk,
+    expert_prob_topk,
+    num_experts,
+    tokens_per_expert,
+    padding_alignment,
+    do_gather,
+    using_ue8m0_scale,
+    return_expert_indices,
+    override_buffer_size,
+    validate,
+):
+    counts = () if tokens_per_expert is None else tuple(tokens_per_expert)
+    if _concrete(num_experts, padding_alignment, override_buffer_size, *counts):
+        check_permute_metadata(
+            _api._metadata(
+                PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
+            ),
+            num_experts=num_experts,
+            padding_alignment=padding_alignment,
+            do_gather=do_gather,
+            using_ue8m0_scale=using_ue8m0_scale,
+            return_expert_indices=return_expert_indices,
+            override_buffer_size=override_buffer_size,
+            validate=validate,
+        )
+        if override_buffer_size < 0:
+            capacities_from(tokens_per_expert, num_experts)
+    if override_buffer_size >= 0:
+        num_rows = override_buffer_size
+    else:
+        num_rows = _rows_needed(counts, padding_alignment)
+    num_tokens, hidden = hidden_states.shape
+    new = hidden_states.new_empty
+    gather_scale = do_gather and scale is not None
+    return (
+        new((num_rows if do_gather else 0, hidden)),
+        new((num_tokens, num_experts), dtype=torch.int32),
+        new((num_rows,), dtype=torch.float32),
+        scale.new_empty((num_rows, scale.shape[1])) if gather_scale else _absent(hidden_states),
+        new((num_rows if return_expert_indices else 0,), dtype=torch.int32),
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# unpermute
+
+
+@torch.library.custom_op("moe_numba::unpermute", mutates_args=())
+def unpermute(
+    hidden_states_unzipped: Tensor,
+    zipped_expertwise_rowmap: Tensor,
+    expert_routemap_topk: Tensor,
+    token_prob_unzipped: Tensor,
+    total_zipped_tokens: int,
+    num_experts: int,
+    using_mix_precision: bool,
+    using_weighted_combine: bool,
+    validate: bool,
+) -> tuple[Tensor, Tensor]:
+    """``moe_unpermute`` (see :func:`moe_numba.moe_unpermute`)."""
+    tensors = (
+        hidden_states_unzipped,
+        zipped_expertwise_rowmap,
+        expert_routemap_topk,
+        token_prob_unzipped,
+    )
+    scalars = (total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine)
+    if _on_cpu(hidden_states_unzipped):
+        allocate = TorchAllocator()
+        outputs = _api._moe_unpermute(
+            *map(to_numpy, tensors), *scalars, validate=validate, empty=allocate
+        )
+        return tuple(map(allocate.tensor, outputs))
+    return tuple(_api._moe_unpermute(*tensors, *scalars, validate=validate))
+
+
+@unpermute.register_fake
+def _(
+    hidden_states_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+    token_prob_unzipped,
+    total_zipped_tokens,
+    num_experts,
+    using_mix_precision,
+    using_weighted_combine,
+    validate,
+):
+    if _concrete(total_zipped_tokens, num_experts):
+        check_unpermute_metadata(
+            _api._metadata(
+                UnpermuteArrays(
+                    hidden_states_unzipped,
+                    zipped_expertwise_rowmap,
+                    expert_routemap_topk,
+                    token_prob_unzipped,
+                )
+            ),
+            total_zipped_tokens=total_zipped_tokens,
+            num_experts=num_experts,
+            using_mix_precision=using_mix_precision,
+            using_weighted_combine=using_weighted_combine,
+            validate=validate,
+        )
+    hidden = hidden_states_unzipped.shape[1]
+    topk = expert_routemap_topk.shape[1]
+    return (
+        hidden_states_unzipped.new_empty((total_zipped_tokens, hidden)),
+        token_prob_unzipped.new_empty((total_zipped_tokens, topk), dtype=torch.float32),
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# gradients (SPEC section 5): the same rules on every device, through _gradients
+
+
+def _run_gradient(function, tensors, **keywords):
+    """``function`` (a SPEC 5 gradient op) on CPU tensors through NumPy views, or on CUDA
+    tensors as they are; absent outputs become empty stand-ins."""
+    like = next(t for t in tensors if t is not None)
+    if _on_cpu(like):
+        outputs = function(*map(to_numpy, tensors), **keywords)
+        outputs = map(from_numpy, outputs)
+    else:
+        outputs = function(*tensors, **keywords)
+    return tuple(_absent(like) if t is None else t for t in outputs)
+
+
+@torch.library.custom_op("moe_numba::permute_backward", mutates_args=())
+def permute_backward(
+    grad_hidden_states_unzipped: Tensor | None,
+    grad_token_prob_unzipped: Tensor | None,
+    zipped_expertwise_rowmap: Tensor,
+    expert_routemap_topk: Tensor,
+    validate: bool,
+) -> tuple[Tensor, Tensor]:
+    """``moe_permute_backward`` (SPEC 5); an absent gradient comes back as an empty
+    float32 tensor."""
+    return _run_gradient(
+        _gradients.permute_backward,
+        (
+            grad_hidden_states_unzipped,
+            grad_token_prob_unzipped,
+            zipped_expertwise_rowmap,
+            expert_routemap_topk,
+        ),
+        validate=validate,
+    )
+
+
+@permute_backward.register_fake
+def _(
+    grad_hidden_states_unzipped,
+    grad_token_prob_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+    validate,
+):
+    num_tokens = zipped_expertwise_rowmap.shape[0]
+    grad_rows = grad_hidden_states_unzipped
+    if grad_rows is None:
+        grad_hidden = _absent(zipped_expertwise_rowmap)
+    else:
+        grad_hidden = grad_rows.new_empty((num_tokens, grad_rows.shape[1]))
+    if grad_token_prob_unzipped is None:
+        grad_probs = _absent(zipped_expertwise_rowmap)
+    else:
+        grad_probs = expert_routemap_topk.new_empty(expert_routemap_topk.shape, dtype=torch.float32)
+    return grad_hidden, grad_probs
+
+
+@torch.library.custom_op("moe_numba::unpermute_backward", mutates_args=())
+def unpermute_backward(
+    grad_hidden_states: Tensor | None,
+    grad_expert_prob_topk: Tensor | None,
+    hidden_states_unzipped: Tensor | None,
+    zipped_expertwise_rowmap: Tensor,
+    expert_routemap_topk: Tensor,
+    token_prob_unzipped: Tensor | None,
+    using_weighted_combine: bool,
+    num_rows: int,
+    validate: bool,
+) -> tuple[Tensor, Tensor]:
+    """``moe_unpermute_backward`` (SPEC 5); an absent gradient comes back as an empty
+    float32 tensor."""
+    return _run_gradient(
+        _gradients.unpermute_backward,
+        (
+            grad_hidden_states,
+            grad_expert_prob_topk,
+            hidden_states_unzipped,
+            zipped_expertwise_rowmap,
+            expert_routemap_topk,
+            token_prob_unzipped,
+        ),
+        using_weighted_combine=using_weighted_combine,
+        num_rows=num_rows,
+        validate=validate,
+    )
+
+
+@unpermute_backward.register_fake
+def _(
+    grad_hidden_states,
+    grad_expert_prob_topk,
+    hidden_states_unzipped,
+    zipped_expertwise_rowmap,
+    expert_routemap_topk,
+    token_prob_unzipped,
+    using_weighted_combine,
+    num_rows,
+    validate,
+):
+    like = zipped_expertwise_rowmap
+    if grad_hidden_states is None:
+        grad_rows = _absent(like)
+    else:
+        grad_rows = grad_hidden_states.new_empty((num_rows, grad_hidden_states.shape[1]))
+    if grad_hidden_states is None and grad_expert_prob_topk is None:
+        grad_probs = _absent(like)
+    else:
+        grad_probs = like.new_empty((num_rows,), dtype=torch.float32)
+    return grad_rows, grad_probs

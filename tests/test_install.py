@@ -1,0 +1,99 @@
+"""What an install gives: the CPU backend without the GPU stack, and the build that was asked
+for (OpenMP or serial)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import moe_cpu
+
+# Runs in a fresh interpreter: a permute and a weighted unpermute on NumPy arrays, checked bit
+# for bit against the oracle, then the list of what got imported.
+_CPU_CALLS = textwrap.dedent(
+    """
+    import sys
+
+    GPU_STACK = ("numba", "numba_cuda", "llvmlite", "cuda", "torch", "cupy")
+    if sys.argv[1] == "absent":
+        # None in sys.modules makes `import numba` raise ModuleNotFoundError and
+        # importlib.util.find_spec("numba") return None, as when it is not installed
+        for name in GPU_STACK:
+            sys.modules[name] = None
+
+    import numpy as np
+    from moe_numba import _oracle, moe_permute, moe_unpermute
+    from moe_numba._demo import docs_example_inputs
+
+    hidden, routemap, probs = docs_example_inputs()
+    args = (hidden, None, routemap, probs, 3, [1, 2, 1], 2)
+    permuted = moe_permute(*args)
+    want, _ = _oracle.permute(*args)
+    for got, expected in zip(permuted, want, strict=True):
+        assert (got is None) == (expected is None)
+        if got is not None:
+            assert got.dtype == expected.dtype and got.shape == expected.shape
+            assert got.tobytes() == expected.tobytes()
+    rows, rowmap, row_probs, _ = permuted
+    combined = moe_unpermute(rows, rowmap, routemap, row_probs, 3, 3, using_weighted_combine=True)
+    want, _ = _oracle.unpermute(rows, rowmap, routemap, row_probs, 3, 3,
+                                using_weighted_combine=True)
+    for got, expected in zip(combined, want, strict=True):
+        assert got.dtype == expected.dtype and got.tobytes() == expected.tobytes()
+    loaded = sorted(
+        name for name, module in sys.modules.items()
+        if module is not None and name.partition(".")[0] in GPU_STACK
+    )
+    print("loaded:", loaded)
+    """
+)
+
+
+def _cpu_calls(gpu_stack, *code):
+    return subprocess.run(
+        [sys.executable, "-c", _CPU_CALLS + "".join(code), gpu_stack],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_cpu_calls_without_the_gpu_stack():
+    """A CPU user's install has neither numba nor numba-cuda: the package imports, runs on the
+    CPU and gets the oracle's bits; the demo looks for a GPU, finds none and runs there."""
+    done = _cpu_calls(
+        "absent",
+        "from moe_numba.__main__ import main\n",
+        "sys.exit(main(['demo', '--tokens=64', '--hidden=32', '--experts=6', '--topk=2']))\n",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "loaded: []" in done.stdout
+    assert "backend: cpu" in done.stdout
+    assert "all outputs identical to the oracle" in done.stdout
+
+
+def test_cpu_calls_do_not_import_the_gpu_stack():
+    """With numba installed (as in the test extra), NumPy calls leave it unimported."""
+    done = _cpu_calls("installed")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "loaded: []" in done.stdout
+
+
+def _switch(name, default):
+    """Read a build switch as setup.py does."""
+    value = os.environ.get(name, default).strip().lower()
+    return value not in ("", "0", "false", "no", "off")
+
+
+def test_openmp_is_as_built():
+    """The default build must have OpenMP (a failed compiler probe silently makes every loop
+    serial); MOE_USE_OPENMP=0, for the build and the test run, asks for the serial build."""
+    if _switch("MOE_USE_OPENMP", "1"):
+        assert moe_cpu.openmp_enabled(), (
+            "moe_cpu was built without OpenMP: the compiler's -fopenmp probe failed (the build "
+            "log says why). Install an OpenMP runtime (libgomp) and rebuild, or set "
+            "MOE_USE_OPENMP=0 for a serial build on purpose."
+        )
+    else:
+        assert not moe_cpu.openmp_enabled(), "MOE_USE_OPENMP=0, but moe_cpu has OpenMP"
+        assert moe_cpu.get_num_threads() == 1

@@ -1,0 +1,215 @@
+"""moe_permute / moe_unpermute on torch tensors: the same bits as on NumPy arrays, the same
+errors, CPU tensors through views (no copies), outputs of the caller's kind."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from _torch_cases import DEVICES, assert_same_bits, routing, to_numpy, to_torch, torch
+from moe_numba import _api, moe_permute, moe_unpermute
+from moe_numba.torch import _bridge, _calls, _ops
+from test_errors import PERMUTE_ERRORS, UNPERMUTE_ERRORS, permute_defaults, unpermute_defaults
+
+# value errors come from the run itself (status words); every other case is metadata
+VALUE_CASES = {
+    "bad expert id",
+    "negative expert id",
+    "repeated expert",
+    "count mismatch",
+    "override too small",
+    "row out of range",
+    "row below -1",
+}
+
+
+def _numpy_and_torch(case, device):
+    numpy_args = dict(case, scale=None)
+    torch_args = {k: to_torch(v, device) for k, v in numpy_args.items()}
+    return numpy_args, torch_args
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "dtype",
+    [ml_dtypes.bfloat16, np.float16, np.float32, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2],
+)
+@pytest.mark.parametrize("override", [False, True])
+@pytest.mark.parametrize("do_gather", [True, False])
+def test_permute_is_the_numpy_result(device, dtype, override, do_gather):
+    case = routing(1, dtype=np.float32, num_tokens=9)
+    case["hidden_states"] = case["hidden_states"].astype(dtype)
+    numpy_args, torch_args = _numpy_and_torch(case, device)
+    if np.dtype(dtype).itemsize == 1 or dtype is np.float32:  # a scale: float32 rows of it
+        scale = np.arange(18, dtype=np.float32).reshape(9, 2)
+        numpy_args["scale"], torch_args["scale"] = scale, to_torch(scale, device)
+    flags = dict(
+        do_gather=do_gather,
+        return_expert_indices=True,
+        override_buffer_size=40 if override else -1,
+    )
+    expected = moe_permute(**numpy_args, **flags)
+    actual = moe_permute(**torch_args, **flags)
+    assert len(actual) == 5
+    for a, e in zip(actual, expected, strict=True):
+        assert isinstance(a, torch.Tensor) and a.device.type == device
+        assert_same_bits(a, e)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16, np.float32])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("mix_precision", [True, False])
+@pytest.mark.parametrize("prob_column", [False, True])
+def test_unpermute_is_the_numpy_result(device, dtype, weighted, mix_precision, prob_column):
+    case = routing(2, dtype=dtype, num_tokens=8)
+    rows, rowmap, row_probs, _ = moe_permute(**dict(case, scale=None))
+    if prob_column:
+        row_probs = row_probs.reshape(-1, 1)
+    numpy_args = (rows, rowmap, case["expert_routemap_topk"], row_probs, 8, case["num_experts"])
+    flags = dict(using_mix_precision=mix_precision, using_weighted_combine=weighted)
+    expected = moe_unpermute(*numpy_args, **flags)
+    actual = moe_unpermute(*(to_torch(a, device) for a in numpy_args), **flags)
+    for a, e in zip(actual, expected, strict=True):
+        assert isinstance(a, torch.Tensor) and a.device.type == device
+        assert_same_bits(a, e)
+
+
+def test_three_outputs_without_expert_indices_and_name_is_ignored():
+    _, args = _numpy_and_torch(routing(3), "cpu")
+    assert len(moe_permute(**args, name="ignored")) == 4
+    rows, rowmap, probs, _ = moe_permute(**args)
+    out = moe_unpermute(rows, rowmap, args["expert_routemap_topk"], probs, 7, 4, name="x")
+    assert len(out) == 2
+
+
+@pytest.mark.parametrize(
+    "kind", [tuple, np.array, torch.tensor], ids=["tuple", "numpy", "cpu tensor"]
+)
+def test_tokens_per_expert_of_any_host_kind(kind):
+    _, args = _numpy_and_torch(routing(4), "cpu")
+    expected = moe_permute(**args)
+    args["tokens_per_expert"] = kind(args["tokens_per_expert"])
+    for a, e in zip(moe_permute(**args), expected, strict=True):
+        assert_same_bits(a, e)
+
+
+def test_cpu_tensors_cross_as_views_and_outputs_come_from_torch(monkeypatch):
+    """The Cython backend reads the tensors' own memory and writes into tensors that
+    torch.empty allocated: the outputs are those very tensors."""
+    seen, made = {}, []
+
+    def spy(name, entry):
+        def call(*args, **kwargs):
+            result = entry(*args, **kwargs)
+            if not kwargs.get("torch_ops"):  # the call of the op's implementation
+                seen[name] = (args, result)
+            return result
+
+        return call
+
+    class Allocator(_bridge.TorchAllocator):
+        def __call__(self, shape, dtype):
+            view = super().__call__(shape, dtype)
+            made.append(self.tensor(view))
+            return view
+
+    monkeypatch.setattr(_api, "_moe_permute", spy("permute", _api._moe_permute))
+    monkeypatch.setattr(_api, "_moe_unpermute", spy("unpermute", _api._moe_unpermute))
+    monkeypatch.setattr(_ops, "TorchAllocator", Allocator)
+    _, args = _numpy_and_torch(routing(5, dtype=ml_dtypes.bfloat16), "cpu")
+    outputs = moe_permute(**args, return_expert_indices=True)
+    arrays, internal = seen["permute"]
+    inputs = (args["hidden_states"], None, args["expert_routemap_topk"], args["expert_prob_topk"])
+    for tensor, array in zip(inputs, arrays[:4], strict=True):
+        assert tensor is None or array.ctypes.data == tensor.data_ptr()
+    for tensor, array in zip(outputs, internal, strict=True):
+        assert isinstance(array, np.ndarray)
+        assert array.size == 0 or array.ctypes.data == tensor.data_ptr()
+        assert any(tensor is m for m in made)
+    rows, rowmap, probs = outputs[:3]
+    combined = moe_unpermute(rows, rowmap, args["expert_routemap_topk"], probs, 7, 4)
+    arrays, internal = seen["unpermute"]
+    assert arrays[0].ctypes.data == rows.data_ptr()
+    for tensor, array in zip(combined, internal, strict=True):
+        assert array.ctypes.data == tensor.data_ptr() and any(tensor is m for m in made)
+
+
+def _as_tensors(args, device):
+    return {k: to_torch(v, device) for k, v in args.items()}
+
+
+def _refuse_work(monkeypatch):
+    def no_work(*args, **kwargs):
+        raise AssertionError("the op ran: a metadata error must come before any work")
+
+    monkeypatch.setattr(_calls._ops, "permute", no_work)
+    monkeypatch.setattr(_calls._ops, "unpermute", no_work)
+
+
+ERROR_CASES = [
+    pytest.param(moe_permute, permute_defaults, *case, id=f"permute {case[0]}")
+    for case in PERMUTE_ERRORS
+] + [
+    pytest.param(moe_unpermute, unpermute_defaults, *case, id=f"unpermute {case[0]}")
+    for case in UNPERMUTE_ERRORS
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("function, defaults, name, change, error, message", ERROR_CASES)
+def test_errors_as_for_numpy(monkeypatch, device, function, defaults, name, change, error, message):
+    """Every case of test_errors, on tensors: the same exception and message."""
+    args = defaults()
+    change(args)
+    args = _as_tensors(args, device)
+    if name not in VALUE_CASES:
+        _refuse_work(monkeypatch)
+    with pytest.raises(error, match=message):
+        function(**args)
+
+
+def test_error_cases_are_named_as_in_the_tables():
+    """VALUE_CASES names cases of the shared tables (a renamed case must not turn a value
+    check into an unchecked metadata one)."""
+    names = {case[0] for case in PERMUTE_ERRORS + UNPERMUTE_ERRORS}
+    assert VALUE_CASES <= names
+
+
+def test_numpy_arrays_among_torch_tensors_are_refused(monkeypatch):
+    _refuse_work(monkeypatch)
+    args = _as_tensors(permute_defaults(), "cpu")
+    args["expert_prob_topk"] = args["expert_prob_topk"].numpy()
+    with pytest.raises(
+        TypeError,
+        match=r"hidden_states is a torch.Tensor but expert_prob_topk is a numpy.ndarray: pass "
+        r"every array as a torch tensor \(on one device\), or none",
+    ):
+        moe_permute(**args)
+    args = _as_tensors(unpermute_defaults(), "cpu")
+    args["hidden_states_unzipped"] = to_numpy(args["hidden_states_unzipped"])
+    with pytest.raises(
+        TypeError,
+        match="zipped_expertwise_rowmap is a torch.Tensor but hidden_states_unzipped is a "
+        "numpy.ndarray",
+    ):
+        moe_unpermute(**args)
+
+
+@pytest.mark.parametrize("device", [DEVICES[1]])
+def test_cpu_and_cuda_tensors_mixed_are_refused(monkeypatch, device):
+    _refuse_work(monkeypatch)
+    args = _as_tensors(permute_defaults(), device)
+    args["expert_prob_topk"] = args["expert_prob_topk"].cpu()
+    with pytest.raises(
+        TypeError,
+        match=r"expert_prob_topk is a torch.Tensor \(host array\) but hidden_states is a "
+        r"torch.Tensor \(CUDA array\)",
+    ):
+        moe_permute(**args)
+
+
+def test_compiled_op_names():
+    """The ops are registered under the moe_numba namespace with fixed schemas."""
+    for name in ("permute", "unpermute", "permute_backward", "unpermute_backward"):
+        assert hasattr(torch.ops.moe_numba, name)
+    assert _ops.permute._qualname == "moe_numba::permute"
