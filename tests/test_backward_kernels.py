@@ -16,18 +16,16 @@ import numpy as np
 import pytest
 from numba import config, cuda
 
-pytestmark = [
-    pytest.mark.skipif(
-        not config.ENABLE_CUDASIM,
-        reason="runs the kernels in numba's CUDA simulator: needs NUMBA_ENABLE_CUDASIM=1",
-    ),
-    # the simulated kernels compute with NumPy float32 scalars: NaN and infinite inputs give
-    # NaNs and infinities, as they should (the simulator's threads do not see np.errstate)
-    pytest.mark.filterwarnings("ignore:invalid value encountered in scalar:RuntimeWarning"),
-    pytest.mark.filterwarnings("ignore:overflow encountered in scalar:RuntimeWarning"),
-]
+pytestmark = pytest.mark.sim  # calls the kernels with host arrays (conftest skips it elsewhere)
 
-from _cases import assert_same_bits, random_bits, random_routing, random_values  # noqa: E402
+from _cases import (  # noqa: E402
+    assert_same_bits,
+    garbage,
+    metadata,
+    random_bits,
+    random_routing,
+    random_values,
+)
 from moe_numba import _abi, _oracle  # noqa: E402
 from moe_numba._cache import BoundedCache  # noqa: E402
 from moe_numba._contract_backward import (  # noqa: E402
@@ -87,17 +85,15 @@ def small_geometry(monkeypatch):
 
 
 class Poisoned:
-    """``empty(shape, dtype)`` for the backend: simulator arrays whose every byte is 0x5A;
-    counts the scratch allocations (the backend's only uint8 ones)."""
+    """``empty(shape, dtype)`` for the backend: simulator arrays of garbage bytes; counts the
+    scratch allocations (the backend's only uint8 ones)."""
 
     def __init__(self):
         self.scratch = 0
 
     def __call__(self, shape, dtype):
         self.scratch += np.dtype(dtype) == np.uint8
-        a = np.empty(shape, dtype)
-        a.reshape(-1).view(np.uint8)[:] = 0x5A
-        return cuda.to_device(a)
+        return cuda.to_device(garbage(shape, dtype))
 
 
 def device(a):
@@ -116,17 +112,15 @@ def compare(actual, expected, names):
             assert_same_bits(host(a), b, what)
 
 
-def _shapes():
-    return dict(shape_of=np.shape, dtype_of=lambda x: x.dtype)
-
-
 def run_permute_backward(grad_rows, grad_probs, rowmap, routemap):
     """The GPU backend (validate on and off) against the oracle: every output and status
     word identical, no input changed. Returns the status words."""
     host_arrays = (grad_rows, grad_probs, rowmap, routemap)
     copies = [None if x is None else x.copy() for x in host_arrays]
     expected, status_expected = _oracle.permute_backward(*host_arrays)
-    plan = check_permute_backward_metadata(*host_arrays, True, **_shapes())
+    plan = check_permute_backward_metadata(
+        metadata(PermuteBackwardArrays(*host_arrays)), validate=True
+    )
     arrays = PermuteBackwardArrays(*(device(x) for x in host_arrays))
     for validate in (True, False):
         empty = Poisoned()
@@ -148,7 +142,12 @@ def run_unpermute_backward(dy, g, xu, rowmap, routemap, p, weighted, num_rows):
     host_arrays = (dy, g, xu, rowmap, routemap, p)
     copies = [None if x is None else x.copy() for x in host_arrays]
     expected, status_expected = _oracle.unpermute_backward(*host_arrays, weighted, num_rows)
-    plan = check_unpermute_backward_metadata(*host_arrays, weighted, num_rows, True, **_shapes())
+    plan = check_unpermute_backward_metadata(
+        metadata(UnpermuteBackwardArrays(*host_arrays)),
+        using_weighted_combine=weighted,
+        num_rows=num_rows,
+        validate=True,
+    )
     arrays = UnpermuteBackwardArrays(*(device(x) for x in host_arrays))
     for validate in (True, False):
         empty = Poisoned()
