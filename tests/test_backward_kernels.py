@@ -342,3 +342,35 @@ def test_permute_backward_empty():
     run_permute_backward(np.zeros((0, 3), np.float16), np.zeros(0, np.float32), rowmap, routemap)
     rows = rng.standard_normal((4, 3)).astype(np.float16)
     run_permute_backward(rows, np.ones(4, np.float32), rowmap[:0], routemap[:0])
+
+
+# ---------------------------------------------------------------------------------------
+# the bench's gradient calls (moe_numba.bench._gradients)
+
+
+def test_bench_gradient_calls_match_the_cpu_backend():
+    from moe_numba.bench import _gradients
+    from moe_numba.bench._cases import Case
+    from moe_numba.bench._target import CudaTarget
+
+    case = Case(tokens=6, hidden=12, experts=4, topk=2, alignment=4, dtype="bf16")
+    target = CudaTarget("numba")
+    _gradients.check(case, target)  # raises if an output differs
+    ops = _gradients.operations(case, target)
+    assert [op.name for op in ops] == [
+        "permute_backward",
+        "permute_backward validate=False",
+        "unpermute_backward weighted",
+        "unpermute_backward weighted validate=False",
+        "unpermute_backward",
+        "unpermute_backward validate=False",
+    ]
+    row_bytes = 12 * 2
+    R = sum(-(-n // 4) * 4 for n in _gradients.make_inputs(case).counts)
+    assert [op.nbytes for op in ops[::2]] == [
+        (6 * 2 + 6) * row_bytes,
+        (6 + 6 * 2 + R) * row_bytes,
+        (6 + R) * row_bytes,
+    ]
+    for op in ops:
+        op.call()
