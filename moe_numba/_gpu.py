@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._cache import BoundedCache
-from ._contract import permute_outputs, unpermute_outputs
+from ._contract import UnpermuteArrays, permute_outputs, unpermute_outputs
 from ._contract_backward import unpermute_backward_outputs
 from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError
 from ._libraries import array_library
@@ -121,9 +121,16 @@ class _GPUBackend:
 
         ``empty`` as for :meth:`permute`.
         """
+        call = _Call(arrays.hidden_states_unzipped, empty)
+        outputs = unpermute_outputs(plan, call.empty)
+        return self._combine(self._unpermute.run, call, plan, arrays, outputs, validate)
+
+    def _combine(self, run, call, plan, arrays, outputs, validate):
+        """A combine's buffers (``arrays``: an UnpermuteArrays; ``outputs``: the combined rows
+        and the slot probabilities, either None for the permute backward), and ``run(plan,
+        buffers, ...)``'s launches."""
         rows, rowmap, routemap, probs = arrays
-        call = _Call(rows, empty)
-        hidden, slot_probs = unpermute_outputs(plan, call.empty)
+        hidden, slot_probs = outputs
         buffers = self._unpermute.UnpermuteBuffers(
             rows=call.buffer(rows),
             rowmap=call.buffer(rowmap),
@@ -133,9 +140,8 @@ class _GPUBackend:
             out_probs=call.buffer(slot_probs),
             routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
         )
-        stream = call.library.stream(rows)
-        status = self._unpermute.run(plan, buffers, validate, call.alloc, stream)
-        return (hidden, slot_probs), (status.read() if validate else None)
+        status = run(plan, buffers, validate, call.alloc, call.library.stream(call.like))
+        return outputs, (status.read() if validate else None)
 
     # The gradient ops (SPEC.md section 5), the same interface.
 
@@ -144,23 +150,16 @@ class _GPUBackend:
 
         ``empty`` as for :meth:`permute`.
         """
-        grad_rows, grad_probs, rowmap, routemap = arrays
+        grad_rows, grad_probs = arrays.grad_hidden_states_unzipped, arrays.grad_token_prob_unzipped
         call = _Call(grad_rows if grad_rows is not None else grad_probs, empty)
         T = plan.num_tokens
         hidden = call.empty((T, plan.hidden), plan.dtype) if plan.grad_hidden else None
         probs = call.empty((T, plan.topk), np.float32) if plan.grad_prob else None
-        buffers = self._unpermute.UnpermuteBuffers(
-            rows=call.buffer(grad_rows),
-            rowmap=call.buffer(rowmap),
-            routemap=call.buffer(routemap),
-            probs=call.buffer(grad_probs),
-            out_hidden=call.buffer(hidden),
-            out_probs=call.buffer(probs),
-            routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
+        combine = UnpermuteArrays(  # (the rows and probabilities are the gradients)
+            grad_rows, arrays.zipped_expertwise_rowmap, arrays.expert_routemap_topk, grad_probs
         )
-        stream = call.library.stream(call.like)
-        status = self._permute_backward.run(plan, buffers, validate, call.alloc, stream)
-        return (hidden, probs), (status.read() if validate else None)
+        run = self._permute_backward.run
+        return self._combine(run, call, plan, combine, (hidden, probs), validate)
 
     def unpermute_backward(self, plan, arrays, validate, empty=None):
         """Run ``moe_unpermute_backward`` on CUDA arrays: ``(outputs, status words or

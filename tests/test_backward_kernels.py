@@ -112,56 +112,50 @@ def compare(actual, expected, names):
             assert_same_bits(host(a), b, what)
 
 
-def run_permute_backward(grad_rows, grad_probs, rowmap, routemap):
-    """The GPU backend (validate on and off) against the oracle: every output and status
-    word identical, no input changed. Returns the status words."""
-    host_arrays = (grad_rows, grad_probs, rowmap, routemap)
+def run_backend(op, plan, host_arrays, expected, status_expected, scratch, names):
+    """``BACKEND.<op>`` (validate on and off) on device copies of ``host_arrays``: every
+    output and status word as expected, ``scratch`` (validate, not) scratch allocations, no
+    input changed."""
     copies = [None if x is None else x.copy() for x in host_arrays]
-    expected, status_expected = _oracle.permute_backward(*host_arrays)
-    plan = check_permute_backward_metadata(
-        metadata(PermuteBackwardArrays(*host_arrays)), validate=True
-    )
-    arrays = PermuteBackwardArrays(*(device(x) for x in host_arrays))
+    arrays = type(host_arrays)(*(device(x) for x in host_arrays))
     for validate in (True, False):
         empty = Poisoned()
-        out, status = BACKEND.permute_backward(plan, arrays, validate, empty=empty)
-        assert empty.scratch == (1 if validate else 0)  # check's words only
+        out, status = getattr(BACKEND, op)(plan, arrays, validate, empty=empty)
+        assert empty.scratch == scratch[0 if validate else 1]
         if validate:
             np.testing.assert_array_equal(status, status_expected)
         else:
             assert status is None
-        compare(out, expected, ("grad_hidden_states", "grad_expert_prob_topk"))
+        compare(out, expected, names)
     for before, after in zip(copies, arrays, strict=True):
         if before is not None:
             assert_same_bits(host(after), before, "an input")
-    return status_expected
+
+
+def run_permute_backward(grad_rows, grad_probs, rowmap, routemap):
+    """The GPU backend against the oracle (:func:`run_backend`); the status words."""
+    host_arrays = PermuteBackwardArrays(grad_rows, grad_probs, rowmap, routemap)
+    expected, status = _oracle.permute_backward(*host_arrays)
+    plan = check_permute_backward_metadata(metadata(host_arrays), validate=True)
+    names = ("grad_hidden_states", "grad_expert_prob_topk")
+    run_backend("permute_backward", plan, host_arrays, expected, status, (1, 0), names)
+    return status  # (scratch: check's words only)
 
 
 def run_unpermute_backward(dy, g, xu, rowmap, routemap, p, weighted, num_rows):
     """As :func:`run_permute_backward`, for the unpermute's gradient."""
-    host_arrays = (dy, g, xu, rowmap, routemap, p)
-    copies = [None if x is None else x.copy() for x in host_arrays]
-    expected, status_expected = _oracle.unpermute_backward(*host_arrays, weighted, num_rows)
+    host_arrays = UnpermuteBackwardArrays(dy, g, xu, rowmap, routemap, p)
+    expected, status = _oracle.unpermute_backward(*host_arrays, weighted, num_rows)
     plan = check_unpermute_backward_metadata(
-        metadata(UnpermuteBackwardArrays(*host_arrays)),
+        metadata(host_arrays),
         using_weighted_combine=weighted,
         num_rows=num_rows,
         validate=True,
     )
-    arrays = UnpermuteBackwardArrays(*(device(x) for x in host_arrays))
-    for validate in (True, False):
-        empty = Poisoned()
-        out, status = BACKEND.unpermute_backward(plan, arrays, validate, empty=empty)
-        assert empty.scratch == (2 if validate else 1)  # owner words (+ check's words)
-        if validate:
-            np.testing.assert_array_equal(status, status_expected)
-        else:
-            assert status is None
-        compare(out, expected, ("grad_hidden_states_unzipped", "grad_token_prob_unzipped"))
-    for before, after in zip(copies, arrays, strict=True):
-        if before is not None:
-            assert_same_bits(host(after), before, "an input")
-    return status_expected
+    names = ("grad_hidden_states_unzipped", "grad_token_prob_unzipped")
+    # scratch: the owner words, and check's words with validate
+    run_backend("unpermute_backward", plan, host_arrays, expected, status, (2, 1), names)
+    return status
 
 
 def permuted(rng, T, K, E, R, *, repeats=0.0):
