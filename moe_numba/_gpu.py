@@ -170,14 +170,14 @@ class _GPUBackend:
         dy, g, xu, rowmap, routemap, p = arrays
         call = _Call(rowmap, empty)
         rows, probs = unpermute_backward_outputs(plan, call.empty)
-        dot = plan.dot
+        scaled = plan.weighted and plan.grad_hidden
         buffers = self._unpermute_backward.UnpermuteBackwardBuffers(
             grad_hidden=call.buffer(dy),
             grad_probs=call.buffer(g),
-            rows=call.buffer(xu) if dot else None,
+            rows=call.buffer(xu) if plan.dot else None,
             rowmap=call.buffer(rowmap),
             routemap=call.buffer(routemap),
-            probs=call.buffer(p) if dot else None,
+            probs=call.buffer(p) if scaled else None,
             out_rows=call.buffer(rows),
             out_probs=call.buffer(probs),
             routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,

@@ -271,6 +271,33 @@ def test_unpermute_backward_optional_inputs(weighted):
     run_unpermute_backward(None, g, None, rowmap, routemap[:, ::-1].copy(), None, False, R)
 
 
+@pytest.mark.parametrize("dtype,H", ROW_SHAPES[::3] + [(ml_dtypes.bfloat16, 600)], ids=_name)
+def test_unpermute_backward_weighted_without_the_dot_product(dtype, H):
+    """A weighted combine's gradient without the rows (what autograd asks for when the
+    probabilities need no gradient): dXu = rnd(dY * p), dp has the g terms only. The plan
+    says so itself here (``dot`` false)."""
+    rng = np.random.default_rng(8)
+    T, K, E, R = 5, 3, 4, 16
+    routemap, rowmap = permuted(rng, T, K, E, R, repeats=0.5)
+    dy, g, xu, p = gradients(rng, T, K, R, dtype, H)
+    (rows, _), status = _oracle.unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
+    (_, dp), _ = _oracle.unpermute_backward(dy, g, None, rowmap, routemap, None, False, R)
+    host_arrays = UnpermuteBackwardArrays(dy, g, xu, rowmap, routemap, p)
+    plan = check_unpermute_backward_metadata(
+        metadata(host_arrays), using_weighted_combine=True, num_rows=R, validate=True
+    )
+
+    class WithoutDot(type(plan)):
+        __slots__ = ()
+        dot = False
+
+    host_arrays = host_arrays._replace(hidden_states_unzipped=None)
+    names = ("grad_hidden_states_unzipped", "grad_token_prob_unzipped")
+    run_backend(
+        "unpermute_backward", WithoutDot(*plan), host_arrays, (rows, dp), status, (2, 1), names
+    )
+
+
 def test_unpermute_backward_empty():
     rng = np.random.default_rng(6)
     rowmap = np.full((4, 3), -1, np.int32)

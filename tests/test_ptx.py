@@ -49,7 +49,7 @@ def _one_of_each_kind():
     chosen = [(family, family.variants()[0]) for family in FAMILIES]
     by_name = {family.name: family for family in FAMILIES}
     chosen.append((by_name["combine"], CombineKey(16, _abi.DATA_BFLOAT16, True, True, 64)))
-    chosen.append((by_name["scatter"], ScatterKey(16, _abi.DATA_BFLOAT16, True, 8, 64)))
+    chosen.append((by_name["scatter"], ScatterKey(16, _abi.DATA_BFLOAT16, True, True, 8, 64)))
     return chosen
 
 
@@ -113,11 +113,11 @@ def test_kernel_compiles(family, key):
         if key.word == 16:  # dXu rows are streamed
             assert "ld.global.v2.u64" in ptx and "st.global.cs.v2.u64" in ptx
             assert "st.global.v2.u64" not in ptx
-        # the weighted rows: one product per element and the dot product's fma, its lanes
-        # added by xor shuffles; the copy has no float arithmetic but the g terms' adds
-        assert ("fma.rn.f32" in ptx) == key.weighted, "multiply-add outside the dot product"
+        # weighted: one product per element; dot: the dot product's fma, its lanes added by
+        # xor shuffles; the copy has no float arithmetic but the g terms' adds
+        assert ("fma.rn.f32" in ptx) == key.dot, "multiply-add outside the dot product"
         assert bool(re.search(r"\bmul(\.rn)?\.f32", ptx)) == key.weighted
-        assert ("shfl.sync.bfly.b32" in ptx) == key.weighted
+        assert ("shfl.sync.bfly.b32" in ptx) == key.dot
         assert "ld.global.cg" in ptx  # the owner words, from L2
     if family.name in ("claim", "collide"):
         assert not re.search(r"\.f32\b", ptx), "float arithmetic in the owner stage"

@@ -10,23 +10,24 @@ overlap the tokens)::
     item  npz + t        token t: loads its dY row (the first ``batch * LANES`` groups, into
                          registers), waits for collide, lists its rows r = rowmap[t, e] (e
                          ascending) whose owner is its entry t * E + e, then for each row:
-                         dXu[r] = dY[t] (a bit copy) or rnd(float32(dY[t, h]) * p[r]) with
-                         the dot product's lane partials fma(dY[t, h], Xu[r, h], acc)
-                         (weighted); dp[r] = the butterfly sum of the partials (weighted)
-                         + g[t, k] for each slot k naming e, k ascending
+                         dXu[r] = dY[t] (a bit copy) or rnd(float32(dY[t, h]) * p[r])
+                         (weighted), with the dot product's lane partials
+                         fma(dY[t, h], Xu[r, h], acc) (dot); dp[r] = the butterfly sum of
+                         the partials (dot) + g[t, k] for each slot k naming e, k ascending
 
 The dot product's order is the contract's (docs/gradients.rst): a *group* is the 16 bytes
 that hold elements [g V, (g + 1) V) (V = 16 / itemsize), lane l owns the groups l, l + 32,
 ..., and takes their elements in ascending h, then :func:`._intrinsics.warp_sum_butterfly`
 adds the lanes. Rows move in words of the widest width their bytes allow (:mod:`._copy`),
-``16 // width`` words a group, so narrow words change the loads, never the order. A lane's
-partial sums live in a register while it works through a batch of groups, and in shared
-memory between batches (rows longer than ``batch * LANES`` groups).
+``16 // width`` words a group, so narrow words change the loads, never the order.
 
-Each dY row is read once (again per extra batch when it holds more than LANES rows, which
-only a malformed row map gives), each Xu row once, each dXu row written once. The float
-path's only multiply-add is the dot product's explicit ``cuda.fma``; the weighted row
-gradient is one float32 product, rounded once (:func:`.combine.word_lanes`).
+A row longer than ``batch * LANES`` groups goes batch by batch, each batch of dY loaded once
+and written to (or multiplied into) every row of the token; a lane's partial sums wait in
+shared memory between batches. So each dY row is read once (a token with more than LANES
+rows, which only a malformed row map gives, reads it again per LANES rows when it takes
+several batches), each Xu row once, each dXu row is written once. The float path's only
+multiply-add is the dot product's explicit ``cuda.fma``; the weighted row gradient is one
+float32 product, rounded once (:func:`.combine.word_lanes`).
 """
 
 from __future__ import annotations
@@ -52,32 +53,34 @@ from .combine import DATA_TYPES, ITEMSIZE, widths, word_lanes
 
 LANES = 32  # threads of a worker, and the dot product's lanes: a warp (in the simulator too)
 WARPS = min(4, SYNCWARP_WARPS)  # workers per block
-# 16-byte groups of dY a thread may hold at once (rising): the copy holds the whole row where
-# it can; the weighted rows go in smaller batches, leaving registers for the Xu words
+# 16-byte groups of dY a thread may hold at once (rising), without and with the dot product:
+# the whole row where it can; with the dot in smaller batches, leaving registers for Xu's
 BATCH_GROUPS = {False: (4, 8, 16, 28), True: (4, 8)}
 
 
 class ScatterKey(NamedTuple):
-    """A scatter variant: word width (bytes), data type (``_abi.DATA_*``), weighted (scaled
-    rows and the dot product), groups a thread holds at once, the routing map's id bits."""
+    """A scatter variant: word width (bytes), data type (``_abi.DATA_*``), weighted (rows
+    scaled by p), dot (the dot product with Xu; weighted only), groups a thread holds at
+    once, the routing map's id bits."""
 
     word: int
     data_type: int
     weighted: bool
+    dot: bool
     batch: int
     index_bits: int
 
-    TAGS = ("w", "d", "wt", "b", "i")
+    TAGS = ("w", "d", "wt", "dot", "b", "i")
 
 
 def _scatter_variants():
     for data_type in DATA_TYPES:
         for width in widths(data_type):
-            for weighted in (False, True):
-                batches = BATCH_GROUPS[weighted]
+            for weighted, dot in ((False, False), (True, False), (True, True)):
+                batches = BATCH_GROUPS[dot]
                 for nb in batches if width == 16 else batches[:1]:
                     for bits in INDEX_TYPES:
-                        yield ScatterKey(width, data_type, weighted, nb, bits)
+                        yield ScatterKey(width, data_type, weighted, dot, nb, bits)
 
 
 def _scatter_params(key):
@@ -85,7 +88,7 @@ def _scatter_params(key):
     word = ptr(WORD_TYPE[key.word])
     return [
         ("dy", word),  # [T, nw] words (null when nw = 0)
-        ("xu", word),  # [R, nw] words (null unless weighted)
+        ("xu", word),  # [R, nw] words (null unless dot)
         ("rowmap", ptr(int32)),  # [T, E]
         ("routemap", ptr(INDEX_TYPES[key.index_bits])),  # [T, K]
         ("owner", ptr(int64)),  # collide's [R]
@@ -164,7 +167,7 @@ def _chain(steps):
 def _make_scatter(key):
     """The scatter kernel of one :class:`ScatterKey` variant (see the module docstring)."""
     width, data_type, NB = key.word, key.data_type, key.batch
-    WEIGHTED = bool(key.weighted)
+    WEIGHTED, DOT = bool(key.weighted), bool(key.dot)
     G = 16 // width  # words per group
     NL = width // ITEMSIZE[data_type]  # elements per word
     SPAN = NB * LANES  # groups of a row per batch
@@ -185,7 +188,7 @@ def _make_scatter(key):
                     st(out, base + w, word(lo, hi, u * G + s))
 
     @device
-    def load_step(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods):
+    def load_step(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods):  # (with DOT)
         """``step(..., a) -> a``: load the Xu words of the batch's groups."""
         load_dy(xu, base, q, nw, xlo, xhi)
         return a
@@ -202,19 +205,20 @@ def _make_scatter(key):
                     x = word(xlo, xhi, u * G + s)
                     for i in range(NL):
                         y = lane_value(v, i)
-                        a = cuda.fma(y, lane_value(x, i), a)
+                        if DOT:
+                            a = cuda.fma(y, lane_value(x, i), a)
                         prods[i] = y * p
                     st(out, base + w, pack(prods))
             return a
 
         return step
 
-    # scale_dot(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods) -> a: dXu, the batch's
-    # words of dY times p; returns a plus the lane's fma over the batch's elements of dY and
+    # scale(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods) -> a: dXu, the batch's words
+    # of dY times p; returns a plus (DOT) the lane's fma over the batch's elements of dY and
     # Xu, ascending h. The batch's Xu words are loaded at once, then a step per group
     # follows, chained here rather than looped over in the kernel so that every index into
     # the registers is a constant (NVVM does not unroll such a loop of big bodies).
-    scale_dot = _chain([load_step] + [compute_step(u) for u in range(NB)])
+    scale = _chain(([load_step] if DOT else []) + [compute_step(u) for u in range(NB)])
 
     def scatter(
         dy, xu, rowmap, routemap, owner, probs, gprob, out, out_probs, T, R, E, K, nw, npz, has_g
@@ -268,16 +272,18 @@ def _make_scatter(key):
                                 for j in range(n):
                                     row = dest[wb, j]
                                     if WEIGHTED:
-                                        a = float32(0) if bq == 0 else part[wb, j, lane]
-                                        a = scale_dot(
+                                        a = float32(0)
+                                        if DOT and bq > 0:
+                                            a = part[wb, j, lane]
+                                        a = scale(
                                             xu, out, row * nw, bq + lane, nw, probs[row], a,
                                             lo, hi, xlo, xhi, prods,
                                         )  # fmt: skip
-                                        if last:
+                                        if DOT and last:
                                             a = warp_sum_butterfly(a, ftmp)
                                             if lane == 0:
                                                 dots[wb, j] = a
-                                        else:
+                                        elif DOT:
                                             part[wb, j, lane] = a
                                     else:
                                         copy(out, row * nw, bq + lane, nw, lo, hi)
@@ -288,7 +294,7 @@ def _make_scatter(key):
                             fresh = bq == 0
                         syncwarp()  # (dots)
                         if lane < n:
-                            d = dots[wb, lane] if WEIGHTED else float32(0)
+                            d = dots[wb, lane] if DOT else float32(0)
                             if has_g != 0:
                                 e = dexp[wb, lane]
                                 for k in range(K):  # every slot the forward filled from it

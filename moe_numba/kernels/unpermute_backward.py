@@ -55,10 +55,10 @@ class UnpermuteBackwardBuffers(NamedTuple):
 
     grad_hidden: DeviceBuffer | None  # dY [T, H]
     grad_probs: DeviceBuffer | None  # g [T, K] float32
-    rows: DeviceBuffer | None  # Xu [R, H] (read when weighted with dY)
+    rows: DeviceBuffer | None  # Xu [R, H] (read for the dot product)
     rowmap: DeviceBuffer  # [T, E] int32
     routemap: DeviceBuffer  # [T, K] int32 or int64
-    probs: DeviceBuffer | None  # p [R] float32 (read when weighted with dY)
+    probs: DeviceBuffer | None  # p [R] float32 (read when weighted with dY: dXu = dY p)
     out_rows: DeviceBuffer | None  # dXu [R, H] (with dY)
     out_probs: DeviceBuffer  # dp [R] float32
     routemap_itemsize: int  # 4 or 8 (the plan does not record the routing map's dtype)
@@ -88,10 +88,10 @@ def _zero_workers(R, slots):
     return min(chunks, max(ZERO_WORKERS, -(-max(R - slots, 0) // scatter.LANES)))
 
 
-def _batch_groups(width, nw, weighted):
+def _batch_groups(width, nw, dot):
     """16-byte groups a scatter thread holds at once: the fewest of its BATCH_GROUPS that
     take the whole row (16-byte words; narrower words come from odd rows: the smallest)."""
-    batches = scatter.BATCH_GROUPS[weighted]
+    batches = scatter.BATCH_GROUPS[dot]
     if width != 16:
         return batches[0]
     for nb in batches:
@@ -100,13 +100,14 @@ def _batch_groups(width, nw, weighted):
     return batches[-1]
 
 
-def _plan_launches(T, E, K, R, H, width, data_type, weighted, bits, validate):
+def _plan_launches(T, E, K, R, H, width, data_type, weighted, dot, bits, validate):
     """The call's geometry, scratch layout and kernels (see the module docstring)."""
     nw = H * ITEMSIZE[data_type] // width
     npz = _zero_workers(R, T * K)
     scatter_kernel = None
     if npz + T > 0:
-        key = ScatterKey(width, data_type, weighted, _batch_groups(width, nw, weighted), bits)
+        nb = _batch_groups(width, nw, dot)
+        key = ScatterKey(width, data_type, weighted, dot, nb, bits)
         scatter_kernel = SCATTER.get(key)
     return _Launches(
         checks=check_launches(T, E, K, bits) if validate else None,
@@ -150,13 +151,14 @@ def run(plan, buffers, validate, alloc, stream):
     T, R, E, K = plan.num_tokens, plan.num_rows, plan.num_experts, plan.topk
     H = plan.hidden if plan.grad_hidden else 0
     data_type = plan.data_type if plan.grad_hidden else _abi.DATA_FLOAT32  # (no words)
-    dot = plan.dot
+    weighted = plan.weighted and plan.grad_hidden  # (the rows scaled by p)
+    dot = plan.dot  # (weighted, with the rows Xu)
     esize = ITEMSIZE[data_type]
     rows = b.rows if dot else None
     width = word_width(H * esize, b.grad_hidden, rows, b.out_rows, widths=widths(data_type))
     width = max(esize, width)
     bits = 8 * b.routemap_itemsize
-    key = (T, E, K, R, H, width, data_type, dot, bits, validate)
+    key = (T, E, K, R, H, width, data_type, weighted, dot, bits, validate)
     go = _LAUNCHES.get(key)
     if go is None:
         go = _LAUNCHES.put(key, _plan_launches(*key))
@@ -173,7 +175,7 @@ def run(plan, buffers, validate, alloc, stream):
         routemap=b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize]),
         owner=owner,
         dups=dups,
-        probs=optional_arg(b.probs if dot and R else None, np.float32),
+        probs=optional_arg(b.probs if weighted and R else None, np.float32),
         gprob=optional_arg(b.grad_probs if T else None, np.float32),
         out=optional_arg(b.out_rows if R and H else None, word),
         out_probs=optional_arg(b.out_probs if R else None, np.uint32),
