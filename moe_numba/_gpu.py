@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._cache import BoundedCache
+from ._contract import UnpermuteArrays
+from ._contract_backward import unpermute_backward_outputs
 from ._contract_sort import sort_outputs
 from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError
 from ._libraries import array_library
@@ -68,11 +70,19 @@ class _Call:
 
 class _GPUBackend:
     def __init__(self):
-        from .kernels import permute, sort_chunks, unpermute
+        from .kernels import (
+            permute,
+            permute_backward,
+            sort_chunks,
+            unpermute,
+            unpermute_backward,
+        )
 
         self._permute = permute
         self._unpermute = unpermute
         self._sort_chunks = sort_chunks
+        self._permute_backward = permute_backward
+        self._unpermute_backward = unpermute_backward
         self._capacities = BoundedCache(64)
 
     def _capacities_on_device(self, call, capacities):
@@ -121,9 +131,16 @@ class _GPUBackend:
 
         ``empty`` as for :meth:`permute`.
         """
+        call = _Call(arrays.hidden_states_unzipped, empty)
+        outputs = unpermute_outputs(plan, call.empty)
+        return self._combine(self._unpermute.run, call, plan, arrays, outputs, validate)
+
+    def _combine(self, run, call, plan, arrays, outputs, validate):
+        """A combine's buffers (``arrays``: an UnpermuteArrays; ``outputs``: the combined rows
+        and the slot probabilities, either None for the permute backward), and ``run(plan,
+        buffers, ...)``'s launches."""
         rows, rowmap, routemap, probs = arrays
-        call = _Call(rows, empty)
-        hidden, slot_probs = unpermute_outputs(plan, call.empty)
+        hidden, slot_probs = outputs
         buffers = self._unpermute.UnpermuteBuffers(
             rows=call.buffer(rows),
             rowmap=call.buffer(rowmap),
@@ -133,9 +150,8 @@ class _GPUBackend:
             out_probs=call.buffer(slot_probs),
             routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
         )
-        stream = call.library.stream(rows)
-        status = self._unpermute.run(plan, buffers, validate, call.alloc, stream)
-        return (hidden, slot_probs), (status.read() if validate else None)
+        status = run(plan, buffers, validate, call.alloc, call.library.stream(call.like))
+        return outputs, (status.read() if validate else None)
 
     def sort_chunks(self, plan, arrays, validate, empty=None):
         """Run ``moe_sort_chunks`` on CUDA arrays: ``(outputs, status words or None)``.
@@ -161,3 +177,46 @@ class _GPUBackend:
         stream = call.library.stream(arrays.x)
         status = self._sort_chunks.run(plan, buffers, check, call.alloc, stream)
         return out, (status.read() if check else None)
+
+    # The gradient ops (docs/gradients.rst), the same interface.
+
+    def permute_backward(self, plan, arrays, validate, empty=None):
+        """Run ``moe_permute_backward`` on CUDA arrays: ``(outputs, status words or None)``.
+
+        ``empty`` as for :meth:`permute`.
+        """
+        grad_rows, grad_probs = arrays.grad_hidden_states_unzipped, arrays.grad_token_prob_unzipped
+        call = _Call(grad_rows if grad_rows is not None else grad_probs, empty)
+        T = plan.num_tokens
+        hidden = call.empty((T, plan.hidden), plan.dtype) if plan.grad_hidden else None
+        probs = call.empty((T, plan.topk), np.float32) if plan.grad_prob else None
+        combine = UnpermuteArrays(  # (the rows and probabilities are the gradients)
+            grad_rows, arrays.zipped_expertwise_rowmap, arrays.expert_routemap_topk, grad_probs
+        )
+        run = self._permute_backward.run
+        return self._combine(run, call, plan, combine, (hidden, probs), validate)
+
+    def unpermute_backward(self, plan, arrays, validate, empty=None):
+        """Run ``moe_unpermute_backward`` on CUDA arrays: ``(outputs, status words or
+        None)``.
+
+        ``empty`` as for :meth:`permute`.
+        """
+        dy, g, xu, rowmap, routemap, p = arrays
+        call = _Call(rowmap, empty)
+        rows, probs = unpermute_backward_outputs(plan, call.empty)
+        scaled = plan.weighted and plan.grad_hidden
+        buffers = self._unpermute_backward.UnpermuteBackwardBuffers(
+            grad_hidden=call.buffer(dy),
+            grad_probs=call.buffer(g),
+            rows=call.buffer(xu) if plan.dot else None,
+            rowmap=call.buffer(rowmap),
+            routemap=call.buffer(routemap),
+            probs=call.buffer(p) if scaled else None,
+            out_rows=call.buffer(rows),
+            out_probs=call.buffer(probs),
+            routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
+        )
+        stream = call.library.stream(rowmap)
+        status = self._unpermute_backward.run(plan, buffers, validate, call.alloc, stream)
+        return (rows, probs), (status.read() if validate else None)

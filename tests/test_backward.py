@@ -250,8 +250,9 @@ def test_permute_backward_is_the_unweighted_combine(backend, dtype):
     grad_rows = random_values(rng, (r, 45), dtype, special=0.05)
     dx, _ = run_on(backend, moe_permute_backward, grad_rows, None, rowmap, routemap)
     combined, _ = run_on(
-        backend, moe_unpermute, grad_rows, rowmap, routemap, np.zeros(r, np.float32), 60, 7
-    )
+        backend, moe_unpermute, grad_rows, rowmap, routemap, np.zeros(r, np.float32),
+        total_zipped_tokens=60, num_experts=7,
+    )  # fmt: skip
     assert_same_bits(dx, combined, "grad_hidden_states")
 
 

@@ -37,6 +37,7 @@ from moe_numba.bench import _hold  # noqa: E402
 from moe_numba.kernels import _intrinsics as ix  # noqa: E402
 from moe_numba.kernels._family import INT, ptr  # noqa: E402
 from moe_numba.kernels.combine import CombineKey  # noqa: E402
+from moe_numba.kernels.scatter import ScatterKey  # noqa: E402
 from moe_numba.kernels.sort_chunks import CopyKey  # noqa: E402
 
 FAMILIES = (*kernels.families(), _hold.HOLD)
@@ -45,13 +46,13 @@ ALL = os.environ.get("MOE_PTX_ALL") == "1"
 
 def _one_of_each_kind():
     """Each family's first variant (16-byte words where there are words), the weighted
-    combine, whose fma the checks tell apart from the plain sum, and a sort copy of 4-byte
-    words."""
+    combine and scatter, whose fma the checks tell apart from the plain sum and copy, and a
+    sort copy of 4-byte words."""
     chosen = [(family, family.variants()[0]) for family in FAMILIES]
-    combine = next(family for family in FAMILIES if family.name == "combine")
-    chosen.append((combine, CombineKey(16, _abi.DATA_BFLOAT16, True, True, 64)))
-    sort_copy = next(family for family in FAMILIES if family.name == "sort_copy")
-    chosen.append((sort_copy, CopyKey(4)))  # (no 16-byte accesses in narrower copies)
+    by_name = {family.name: family for family in FAMILIES}
+    chosen.append((by_name["combine"], CombineKey(16, _abi.DATA_BFLOAT16, True, True, 64)))
+    chosen.append((by_name["scatter"], ScatterKey(16, _abi.DATA_BFLOAT16, True, True, 8, 64)))
+    chosen.append((by_name["sort_copy"], CopyKey(4)))  # (no 16-byte accesses in narrower copies)
     return chosen
 
 
@@ -106,7 +107,7 @@ def test_kernel_compiles(family, key):
     if family.name == "gather" and key.hidden_word == 16:  # output rows are streamed
         assert "ld.global.v2.u64" in ptx and "st.global.cs.v2.u64" in ptx
         assert "st.global.v2.u64" not in ptx
-    if family.name == "combine":
+    if family.name in ("combine", "combine_counted"):
         if key.word == 16:
             assert "ld.global.v2.u64" in ptx and "st.global.v2.u64" in ptx
         assert ("fma.rn.f32" in ptx) == key.weighted, "multiply-add outside the weighted combine"
@@ -114,6 +115,18 @@ def test_kernel_compiles(family, key):
     if family.name == "sort_copy":
         vector = "ld.global.v2.u64" in ptx and "st.global.v2.u64" in ptx
         assert vector == (key.word == 16), "16-byte words exactly where the key says"
+    if family.name == "scatter":
+        if key.word == 16:  # dXu rows are streamed
+            assert "ld.global.v2.u64" in ptx and "st.global.cs.v2.u64" in ptx
+            assert "st.global.v2.u64" not in ptx
+        # weighted: one product per element; dot: the dot product's fma, its lanes added by
+        # xor shuffles; the copy has no float arithmetic but the g terms' adds
+        assert ("fma.rn.f32" in ptx) == key.dot, "multiply-add outside the dot product"
+        assert bool(re.search(r"\bmul(\.rn)?\.f32", ptx)) == key.weighted
+        assert ("shfl.sync.bfly.b32" in ptx) == key.dot
+        assert "ld.global.cg" in ptx  # the owner words, from L2
+    if family.name in ("claim", "collide"):
+        assert not re.search(r"\.f32\b", ptx), "float arithmetic in the owner stage"
     if family.name == "hold":  # the flag is read again after every pause, not once before the loop
         assert re.search(r"nanosleep[^\n]*\n(.*\n)*?.*ld\.volatile\.global\.u32", ptx)
 
@@ -122,8 +135,8 @@ def test_kernel_compiles(family, key):
 # the kernel ahead (the caller's, for the first); kernels followed by one of this package's
 # let it start early; the bench's stream hold is neither
 _WAITS = {"count", "scan", "count_scan", "gather", "init", "check", "combine"}
-_WAITS |= {"sort_plan", "sort_copy"}
-_TRIGGERS = {"count", "scan", "count_scan", "check"}
+_WAITS |= {"sort_plan", "sort_copy", "combine_counted", "claim", "collide", "scatter"}
+_TRIGGERS = {"count", "scan", "count_scan", "check", "claim", "collide"}
 
 
 @pytest.mark.parametrize("family,key", ONE_OF_EACH_KIND, ids=_ids(ONE_OF_EACH_KIND))
@@ -200,6 +213,10 @@ def _twice(x):
     return 2 * x
 
 
+def _butterfly(src, out, i):
+    out[i] = ix.warp_sum_butterfly(src[i], cuda.shared.array(_TMP_WORDS, nb.float32))
+
+
 def _device(src, out, i):
     out[i] = _twice(src[i])
 
@@ -228,6 +245,7 @@ REAL_INSTRUCTIONS = {
     "block_min_i64": (_scans, (_I64, _I64), r"shfl\.sync\.down\.b32"),
     "block_exclusive_scan_i64": (_scans, (_I64, _I64), r"shfl\.sync\.up\.b32"),
     "warp_exclusive_scan_i64": (_scans, (_I64, _I64), r"shfl\.sync\.idx\.b32"),
+    "warp_sum_butterfly": (_butterfly, (_F32, _F32), r"shfl\.sync\.bfly\.b32"),
 }
 
 

@@ -56,19 +56,24 @@ def permute_case(rng, T, H, K, E, A, dtype, *, override=-1, bad=False, indices=T
     return got
 
 
-def unpermute_case(rng, T, H, K, E, R, dtype, weighted, mix, *, bad=False):
-    rows = rng.standard_normal((R, H)).astype(np.float32).astype(dtype)
-    routes = _routes(rng, T, K, E, bad)
-    rowmap = np.full((T, E), -1, np.int32)
+def _rowmap(rng, routes, E, R, bad):
+    rowmap = np.full((routes.shape[0], E), -1, np.int32)
     free = rng.permutation(R) if R else np.zeros(0, np.int64)
     n = 0
-    for t in range(T):
+    for t in range(routes.shape[0]):
         for e in routes[t]:
             if 0 <= e < E and rowmap[t, e] < 0 and n < R:
                 rowmap[t, e] = free[n]
                 n += 1
     if bad and rowmap.size:
         rowmap.flat[0] = R + 5
+    return rowmap
+
+
+def unpermute_case(rng, T, H, K, E, R, dtype, weighted, mix, *, bad=False):
+    rows = rng.standard_normal((R, H)).astype(np.float32).astype(dtype)
+    routes = _routes(rng, T, K, E, bad)
+    rowmap = _rowmap(rng, routes, E, R, bad)
     probs = rng.random(R).astype(np.float32)
     args = (rows, rowmap, routes, probs, T, E, mix, weighted)
     want, _ = _oracle.unpermute(*args)
@@ -76,6 +81,47 @@ def unpermute_case(rng, T, H, K, E, R, dtype, weighted, mix, *, bad=False):
     got = moe_numba.moe_unpermute(*dev, *args[4:], validate=False)
     for w, g in zip(want, got, strict=True):
         assert np.array_equal(np.asarray(w).view(np.uint8), to_host(g).view(np.uint8))
+
+
+def _same(want, got):
+    for w, g in zip(want, got, strict=True):
+        assert (
+            g is None if w is None else np.array_equal(w.view(np.uint8), to_host(g).view(np.uint8))
+        )
+
+
+def permute_backward_case(rng, T, H, K, E, R, dtype, *, bad=False, rows=True, probs=True):
+    routes = _routes(rng, T, K, E, bad)
+    args = [
+        rng.standard_normal((R, H)).astype(np.float32).astype(dtype) if rows else None,
+        rng.standard_normal(R).astype(np.float32) if probs else None,
+        _rowmap(rng, routes, E, R, bad),
+        routes,
+    ]
+    want, _ = _oracle.permute_backward(*args)
+    dev = [None if a is None else to_device(a, "torch") for a in args]
+    _same(want, moe_numba.moe_permute_backward(*dev, validate=False))
+
+
+def unpermute_backward_case(rng, T, H, K, E, R, dtype, weighted, *, bad=False, dy=True, g=True):
+    routes = _routes(rng, T, K, E, bad)
+    rowmap = _rowmap(rng, routes, E, R, bad)
+    if bad and R and T > 1:  # a row named twice (or more)
+        rowmap[0, E - 1] = rowmap[T - 1, E - 1] = R - 1
+    args = [
+        rng.standard_normal((T, H)).astype(np.float32).astype(dtype) if dy else None,
+        rng.standard_normal((T, K)).astype(np.float32) if g else None,
+        rng.standard_normal((R, H)).astype(np.float32).astype(dtype),
+        rowmap,
+        routes,
+        rng.random(R).astype(np.float32),
+    ]
+    want, _ = _oracle.unpermute_backward(*args, weighted, R)
+    dev = [None if a is None else to_device(a, "torch") for a in args]
+    got = moe_numba.moe_unpermute_backward(
+        *dev, using_weighted_combine=weighted, num_rows=R, validate=False
+    )
+    _same(want, got)
 
 
 def main():
@@ -95,6 +141,19 @@ def main():
                 unpermute_case(rng, 45, 19, 4, 7, 200, dtype, weighted, mix)
     unpermute_case(rng, 30, 8, 3, 5, 0, bf16, True, True)  # R = 0
     unpermute_case(rng, 30, 64, 3, 5, 90, bf16, True, True, bad=True)  # malformed rowmap
+    for dtype in (bf16, np.float16, np.float32):  # the gradients
+        permute_backward_case(rng, 45, 19, 4, 7, 200, dtype, bad=True)
+        for weighted in (False, True):
+            unpermute_backward_case(rng, 45, 19, 4, 7, 200, dtype, weighted, bad=True)
+    permute_backward_case(rng, 30, 8, 3, 5, 90, bf16, rows=False)  # no row gradient
+    permute_backward_case(rng, 30, 8, 3, 5, 90, bf16, probs=False)  # no probability gradient
+    permute_backward_case(rng, 30, 8, 3, 5, 0, bf16)  # R = 0
+    permute_backward_case(rng, 0, 8, 3, 5, 16, bf16)  # T = 0
+    unpermute_backward_case(rng, 9, 2600, 4, 40, 300, bf16, True)  # rows in several batches
+    unpermute_backward_case(rng, 30, 8, 3, 5, 90, bf16, True, dy=False)  # g only
+    unpermute_backward_case(rng, 30, 8, 3, 5, 90, bf16, True, g=False)  # dY only
+    unpermute_backward_case(rng, 30, 8, 3, 5, 0, bf16, True)  # R = 0
+    unpermute_backward_case(rng, 0, 8, 3, 5, 16, bf16, True)  # T = 0: every row zero
     torch.cuda.synchronize()
     print("sanitize: every case matched the oracle")
     return 0

@@ -1,25 +1,30 @@
-"""The GPU backend: numba.cuda kernels for moe_permute / moe_unpermute / moe_sort_chunks.
+"""The GPU backend: numba.cuda kernels for moe_permute / moe_unpermute / moe_sort_chunks and
+the gradients.
 
-=============  ==========================================================================
-module         what it holds
-=============  ==========================================================================
-permute        moe_permute's host planner: geometry, scratch layout, launches (``run``)
-count          stage 1 of permute: which slots count, per-chunk counts, slot ranks
-scan           stage 2 of permute: chunk bases, expert offsets and padding, status words
-gather         stage 3 of permute: place each slot's row, copy rows, zero padding
-unpermute      moe_unpermute's host planner (``run``)
-check          unpermute's value checks (``validate=True``): init and check
-combine        unpermute's combine: each token's rows folded into its output row
-sort_chunks    moe_sort_chunks: its plan and copy kernels and its host planner (``run``)
-_family        ``KernelFamily``: each kernel's parameters, body and variants, declared once
-_intrinsics    every device function that differs between a GPU and the simulator
-_primitives    device helpers built on the intrinsics (status words, a warp's search)
-_copy          word widths of row copies and their load/store helpers
-_convert       float32 <-> bfloat16 / float16 bit conversions
-_launch        the raw launcher (``cuda.core.launch``) and ``RawKernel``
-_buffer        ``DeviceBuffer``: what a kernel sees of an array (address and size)
-_status        status words in mapped host memory, and the wait for them
-=============  ==========================================================================
+==================  ==========================================================================
+module              what it holds
+==================  ==========================================================================
+permute             moe_permute's host planner: geometry, scratch layout, launches (``run``)
+count               stage 1 of permute: which slots count, per-chunk counts, slot ranks
+scan                stage 2 of permute: chunk bases, expert offsets and padding, status words
+gather              stage 3 of permute: place each slot's row, copy rows, zero padding
+unpermute           moe_unpermute's host planner (``run``)
+check               unpermute's value checks (``validate=True``): init and check
+combine             unpermute's combine: each token's rows folded into its output row
+permute_backward    moe_permute_backward's host planner: unpermute's, counted slots (``run``)
+unpermute_backward  moe_unpermute_backward's host planner (``run``)
+owner               unpermute_backward's stage 1: each row's (token, expert) pair, no atomics
+scatter             unpermute_backward's stage 2: dY rows to their rows, dot products, zeros
+sort_chunks         moe_sort_chunks: its plan and copy kernels and its host planner (``run``)
+_family             ``KernelFamily``: each kernel's parameters, body and variants, declared once
+_intrinsics         every device function that differs between a GPU and the simulator
+_primitives         device helpers built on the intrinsics (status words, a warp's search)
+_copy               word widths of row copies and their load/store helpers
+_convert            float32 <-> bfloat16 / float16 bit conversions
+_launch             the raw launcher (``cuda.core.launch``) and ``RawKernel``
+_buffer             ``DeviceBuffer``: what a kernel sees of an array (address and size)
+_status             status words in mapped host memory, and the wait for them
+==================  ==========================================================================
 
 The host planners take the call's plan and a NamedTuple of :class:`~._buffer.DeviceBuffer`
 (addresses and sizes, never library objects), an ``alloc(nbytes)`` callable for
@@ -31,7 +36,13 @@ return without synchronising. Kernels compile lazily, once per variant, and laun
 
 def families():
     """Every :class:`~._family.KernelFamily` the library launches (permute's, unpermute's,
-    then sort_chunks's)."""
-    from . import permute, sort_chunks, unpermute
+    then sort_chunks's, then those of the gradients)."""
+    from . import permute, permute_backward, sort_chunks, unpermute, unpermute_backward
 
-    return permute.FAMILIES + unpermute.FAMILIES + sort_chunks.FAMILIES
+    return (
+        permute.FAMILIES
+        + unpermute.FAMILIES
+        + sort_chunks.FAMILIES
+        + permute_backward.FAMILIES
+        + unpermute_backward.FAMILIES
+    )

@@ -24,6 +24,8 @@ f32_from_bits, ...         libdevice bit casts                      NumPy views
 f16_to_f32                 ``cvt.f32.f16``                          NumPy
 warp/block scans, min      warp shuffles + one word per warp        shared memory, a word
                                                                     per thread
+warp_sum_butterfly         ``shfl.sync.bfly`` (xor shuffles)        shared memory, a word
+                                                                    per thread
 =========================  =======================================  =======================
 
 The host side has its own two seams: :mod:`._launch` (how a kernel is launched and what its
@@ -72,6 +74,7 @@ __all__ = [
     "st16_streaming",
     "syncwarp",
     "warp_exclusive_scan_i64",
+    "warp_sum_butterfly",
 ]
 
 
@@ -93,7 +96,7 @@ def device(fn):
 # Rules for the block primitives (warp and block scans, block min), both versions:
 # - every thread of the block calls them, in uniform control flow (no early return before);
 # - the block is one-dimensional and its size a multiple of 32 on a GPU;
-# - ``tmp`` is ``cuda.shared.array(TMP_WORDS, int64)``;
+# - ``tmp`` is ``cuda.shared.array(TMP_WORDS, int64)`` (float32 for warp_sum_butterfly);
 # - each synchronises the block before it returns, so ``tmp`` may be reused at once (the
 #   warp scan needs no block barrier on a GPU, but its twin has one, so it follows the rule).
 
@@ -354,6 +357,19 @@ if not SIM:
         x = _warp_inclusive_scan(value, cuda.threadIdx.x & 31)
         return x - value, cuda.shfl_sync(FULL_MASK, x, 31)
 
+    @device
+    def warp_sum_butterfly(value, tmp):
+        """The float32 sum of ``value`` over the warp in butterfly order: for ``off`` = 16,
+        8, 4, 2, 1 every lane adds the value of lane ``lane ^ off`` to its own (float32
+        additions, so every lane ends with the same sum); ``tmp`` is unused (the twin needs
+        it)."""
+        v = value
+        off = 16
+        while off > 0:
+            v = v + cuda.shfl_xor_sync(FULL_MASK, v, off)
+            off >>= 1
+        return v
+
 else:
 
     @device
@@ -463,3 +479,19 @@ else:
         """(exclusive prefix sum over the thread's group of 32 threads in thread order, the
         group's total), int64."""
         return _group_exclusive_scan(value, tmp, 32)
+
+    @device
+    def warp_sum_butterfly(value, tmp):
+        """The float32 butterfly sum over the thread's group of 32 threads: for ``off`` =
+        16, 8, 4, 2, 1 every thread adds the value of thread ``tid ^ off`` to its own, the
+        values passed through ``tmp`` (float32, a word per thread)."""
+        tid = cuda.threadIdx.x
+        v = value
+        off = 16
+        while off > 0:
+            tmp[tid] = v
+            cuda.syncthreads()
+            v = v + tmp[tid ^ off]
+            cuda.syncthreads()
+            off >>= 1
+        return v

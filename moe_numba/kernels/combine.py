@@ -7,7 +7,9 @@ One block per token; each thread owns whole column words of the output row::
         v
     list [LMAX]     the token's rows in ascending expert id (shared)
         |
-        |-- out_probs[t, k] = probs[rowmap[t, routemap[t, k]]]  (0 when there is none)
+        |-- out_probs[t, k] = probs[rowmap[t, routemap[t, k]]]  (0 when there is none;
+        |                 the counted variants: 0 also for a slot repeating an earlier
+        |                 slot's expert, or no out_probs at all)
         '-- out[t, w]     for each word w: load it from four rows at a time (with their
                           probabilities), fold each lane into a float32 accumulator in list
                           order, round to the data type once (mix_precision) or after every
@@ -19,6 +21,10 @@ where the fma rounds). There is no warp-level reduction over the experts: a shuf
 would change the float32 rounding order that CPU and GPU share. A token with more valid rows
 than the list holds (only with malformed rowmaps and E > LMAX) walks its rowmap row directly;
 invalid entries count as -1, so the combine needs no validation.
+
+The same body, unweighted with mix precision, is ``moe_permute_backward`` (its data gradient
+is this combine of the gradient rows, its probability gradient the slot probabilities under
+the counted-slot rule): the family ``COMBINE_COUNTED`` with :class:`CountedKey`.
 """
 
 from __future__ import annotations
@@ -48,6 +54,11 @@ DATA_TYPES = (_abi.DATA_FLOAT32, _abi.DATA_BFLOAT16, _abi.DATA_FLOAT16)
 
 _M32 = np.uint64(0xFFFFFFFF)
 
+# what a combine writes to out_probs[t, k]: the probability of the row of the slot's expert
+# (moe_unpermute), the same but 0 for a slot that repeats an earlier slot's expert (the
+# counted-slot rule of moe_permute_backward), or nothing (out_probs and probs unused)
+SLOT_PROBS, COUNTED_SLOTS, NO_SLOTS = 0, 1, 2
+
 
 class CombineKey(NamedTuple):
     """A combine variant: word width (bytes), data type (``_abi.DATA_*``), weighted,
@@ -60,6 +71,21 @@ class CombineKey(NamedTuple):
     index_bits: int
 
     TAGS = ("w", "d", "wt", "mix", "i")
+    slots = SLOT_PROBS  # (a class constant: every moe_unpermute variant writes them)
+
+
+class CountedKey(NamedTuple):
+    """A ``moe_permute_backward`` variant of the combine (unweighted, mix precision): word
+    width (bytes), data type, ``COUNTED_SLOTS`` or ``NO_SLOTS``, the routing map's id bits."""
+
+    word: int
+    data_type: int
+    slots: int
+    index_bits: int
+
+    TAGS = ("w", "d", "p", "i")
+    weighted = False
+    mix = True
 
 
 def widths(data_type):
@@ -76,6 +102,14 @@ def _combine_variants():
                         yield CombineKey(width, data_type, weighted, mix, bits)
 
 
+def _counted_variants():
+    for data_type in DATA_TYPES:
+        for width in widths(data_type):
+            for slots in (COUNTED_SLOTS, NO_SLOTS):
+                for bits in INDEX_TYPES:
+                    yield CountedKey(width, data_type, slots, bits)
+
+
 def _combine_params(key):
     """The combine kernel's parameters (:class:`CombineKey`)."""
     word = ptr(WORD_TYPE[key.word])
@@ -83,9 +117,9 @@ def _combine_params(key):
         ("rows", word),  # [R, nw] words (null when R = 0)
         ("rowmap", ptr(int32)),  # [T, E]
         ("routemap", ptr(INDEX_TYPES[key.index_bits])),  # [T, K]
-        ("probs", ptr(float32)),  # [R] (null when R = 0)
-        ("out", word),  # out [T, nw] words
-        ("out_probs", ptr(float32)),  # out [T, K]
+        ("probs", ptr(float32)),  # [R] (null when R = 0 or NO_SLOTS)
+        ("out", word),  # out [T, nw] words (null when nw = 0)
+        ("out_probs", ptr(float32)),  # out [T, K] (null with NO_SLOTS)
         ("R", INT),
         ("E", INT),
         ("K", INT),
@@ -148,8 +182,19 @@ def _join2(u):
 _JOIN = {16: _join16, 8: _join8, 4: _join4, 2: _join2}
 
 
-def _make_lane_ops(width, data_type):
-    """(lane(v, i) -> float32, to_bits(f) -> uint32, round_trip(f) -> float32)."""
+def word_lanes(width, data_type):
+    """Device functions for the float lanes of a word of ``width`` bytes of ``data_type``
+    rows (``NL = width // itemsize`` lanes, lane i holding element i of the word):
+    ``(lane(v, i) -> float32, pack(values) -> word, round_trip(f) -> float32)``.
+
+    ``pack`` rounds the ``NL`` float32 ``values`` (a local array) to the data type, NaN made
+    canonical, and joins them into a word; ``round_trip`` is that rounding, back in float32.
+    """
+    esize = ITEMSIZE[data_type]
+    NL = width // esize  # lanes per word
+    NU = max(1, width // 4)  # uint32 units per word
+    PER_UNIT = 1 if esize == 4 else 2
+    join = _JOIN[width]
     unit = _UNIT[width]
     if data_type == _abi.DATA_FLOAT32:
 
@@ -199,22 +244,34 @@ def _make_lane_ops(width, data_type):
         def round_trip(f):
             return f16_to_f32(f32_to_f16(f))
 
-    return lane, to_bits, round_trip
+    @device
+    def pack(values):
+        u = cuda.local.array(NU, uint32)
+        for j in range(NU):
+            u[j] = np.uint32(0)
+        for i in range(NL):
+            b = to_bits(values[i])
+            if PER_UNIT == 1:
+                u[i] = b
+            elif (i & 1) == 0:
+                u[i >> 1] = u[i >> 1] | b
+            else:
+                u[i >> 1] = u[i >> 1] | (b << np.uint32(16))
+        return join(u)
+
+    return lane, pack, round_trip
 
 
 def _make_combine(key):
     """The combine kernel of one :class:`CombineKey` variant."""
     width, data_type = key.word, key.data_type
-    esize = ITEMSIZE[data_type]
-    NL = width // esize  # lanes per word
-    NU = max(1, width // 4)  # uint32 units per word
-    PER_UNIT = 1 if esize == 4 else 2
+    NL = width // ITEMSIZE[data_type]  # lanes per word
     ld = word_ops(width)[0]
     st = word_ops(width)[1]
-    join = _JOIN[width]
-    lane, to_bits, round_trip = _make_lane_ops(width, data_type)
+    lane, pack, round_trip = word_lanes(width, data_type)
     WEIGHTED = bool(key.weighted)
     MIX = bool(key.mix)
+    SLOTS = key.slots
 
     @device
     def step(acc, v, p):
@@ -227,21 +284,6 @@ def _make_combine(key):
             if not MIX:
                 a = round_trip(a)
             acc[i] = a
-
-    @device
-    def pack(acc):
-        u = cuda.local.array(NU, uint32)
-        for j in range(NU):
-            u[j] = np.uint32(0)
-        for i in range(NL):
-            b = to_bits(acc[i])
-            if PER_UNIT == 1:
-                u[i] = b
-            elif (i & 1) == 0:
-                u[i >> 1] = u[i >> 1] | b
-            else:
-                u[i >> 1] = u[i >> 1] | (b << np.uint32(16))
-        return join(u)
 
     def combine(rows, rowmap, routemap, probs, out, out_probs, R, E, K, nw, first):
         if first != 0:
@@ -284,18 +326,24 @@ def _make_combine(key):
             lst_row[q] = 0
             q += 1
 
-        # 2) expert_prob_topk
-        k = tid
-        while k < K:
-            g = t * K + k
-            i = int64(routemap[g])
-            p = float32(0)
-            if i >= 0 and i < E:
-                r = int64(rowmap[f0 + i])
-                if r >= 0 and r < R:
-                    p = probs[r]
-            out_probs[g] = p
-            k += bd
+        # 2) expert_prob_topk (the slot probabilities, a copy of each row's)
+        if SLOTS != NO_SLOTS:
+            k = tid
+            while k < K:
+                g = t * K + k
+                i = int64(routemap[g])
+                p = float32(0)
+                if i >= 0 and i < E:
+                    counted = True
+                    if SLOTS == COUNTED_SLOTS:  # not counted: an earlier slot names i
+                        for j in range(t * K, g):
+                            if int64(routemap[j]) == i:
+                                counted = False
+                    r = int64(rowmap[f0 + i])
+                    if counted and r >= 0 and r < R:
+                        p = probs[r]
+                out_probs[g] = p
+                k += bd
         cuda.syncthreads()  # the list is complete
 
         # 3) combine the rows, word by word
@@ -341,10 +389,11 @@ def _make_combine(key):
                 for e in range(E):
                     r = int64(rowmap[t * E + e])
                     if r >= 0 and r < R:
-                        step(acc, ld(rows, r * nw + w), probs[r])
+                        step(acc, ld(rows, r * nw + w), probs[r] if WEIGHTED else float32(0))
                 st(out, ob + w, pack(acc))
 
     return combine
 
 
 COMBINE = KernelFamily("combine", _combine_params, _make_combine, _combine_variants)
+COMBINE_COUNTED = KernelFamily("combine_counted", _combine_params, _make_combine, _counted_variants)

@@ -13,6 +13,10 @@ The call's first kernel (init, or the combine when ``validate=False``) is launch
 programmatic dependent of the caller's kernel ahead of it and waits for it first thing, so
 its launch overlaps that kernel's end (:func:`._intrinsics.griddep_wait`). With
 ``validate=True`` the host waits for check only; the combine may run alongside it.
+
+``moe_permute_backward`` is this call with the counted-slot rule for the slot probabilities
+(``slots``, :mod:`.permute_backward`); the gradient of ``moe_unpermute`` runs init and check
+too (:func:`launch_checks`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,15 @@ from ._family import NoKey, RoutingKey
 from ._launch import Launcher, RawKernel, optional_arg
 from ._status import StatusWords
 from .check import CHECK, INIT
-from .combine import COMBINE, ITEMSIZE, CombineKey, widths
+from .combine import (
+    COMBINE,
+    COMBINE_COUNTED,
+    ITEMSIZE,
+    SLOT_PROBS,
+    CombineKey,
+    CountedKey,
+    widths,
+)
 
 FAMILIES = (INIT, CHECK, COMBINE)
 
@@ -43,24 +55,31 @@ _MINIMA = ((3, np.dtype(np.int64)),)  # check's scratch: two running minima, a t
 
 
 class UnpermuteBuffers(NamedTuple):
-    """The device buffers of one ``moe_unpermute`` call."""
+    """The device buffers of one ``moe_unpermute`` call (None: the permute backward's
+    absent gradients and their outputs)."""
 
-    rows: DeviceBuffer  # [R, H]
+    rows: DeviceBuffer | None  # [R, H]
     rowmap: DeviceBuffer  # [T, E] int32
     routemap: DeviceBuffer  # [T, K] int32 or int64
-    probs: DeviceBuffer  # [R] float32
-    out_hidden: DeviceBuffer  # [T, H]
-    out_probs: DeviceBuffer  # [T, K] float32
+    probs: DeviceBuffer | None  # [R] float32
+    out_hidden: DeviceBuffer | None  # [T, H]
+    out_probs: DeviceBuffer | None  # [T, K] float32
     routemap_itemsize: int  # 4 or 8 (the plan does not record the routing map's dtype)
+
+
+class Checks(NamedTuple):
+    """init and check of a call that validates, and check's geometry."""
+
+    init: RawKernel
+    check: RawKernel
+    grid: int
+    block: int
 
 
 class _Launches(NamedTuple):
     """What a call's launches need beyond its addresses: built once per call key."""
 
-    init: RawKernel | None
-    check: RawKernel | None
-    check_grid: int
-    check_block: int
+    checks: Checks | None  # with validate
     combine: RawKernel | None
     combine_block: int
     nw: int  # words per row
@@ -76,21 +95,39 @@ def _combine_block(words):
     return bd
 
 
-def _plan_launches(T, E, K, H, width, data_type, weighted, mix, bits, validate):
+def check_launches(T, E, K, bits):
+    """The :class:`Checks` of a call that validates a row map [T, E] and a routing map
+    [T, K] of ``bits``-bit ids."""
+    grid = max(1, min(CHECK_BLOCKS, -(-max(T * E, T * K) // CHECK_BD)))
+    return Checks(INIT.get(NoKey()), CHECK.get(RoutingKey(bits)), grid, CHECK_BD)
+
+
+def launch_checks(launch, checks, values, alloc, status_len):
+    """Enqueue init and check with the call's arguments ``values`` (which gain check's
+    scratch and the status pointer); return the call's ``status_len`` status words, of which
+    check writes the ``_abi.UNPERMUTE_*`` slots."""
+    status = StatusWords(launch, status_len)
+    (values["minima"],) = carve(alloc, _MINIMA)
+    values["status"] = status.arg
+    launch(checks.init, 1, 32, INIT.args(values), dependent=True)
+    launch(checks.check, checks.grid, checks.block, CHECK.args(values), dependent=True)
+    return status
+
+
+def _plan_launches(T, E, K, H, width, data_type, weighted, mix, bits, validate, slots):
     """The call's geometry and kernels (see the module docstring)."""
     nw = H * ITEMSIZE[data_type] // width
-    init = check = None
-    check_grid = 0
-    if validate:
-        init, check = INIT.get(NoKey()), CHECK.get(RoutingKey(bits))
-        check_grid = max(1, min(CHECK_BLOCKS, -(-max(T * E, T * K) // CHECK_BD)))
+    checks = check_launches(T, E, K, bits) if validate else None
     combine = None
     if T > 0:
-        combine = COMBINE.get(CombineKey(width, data_type, weighted, mix, bits))
-    return _Launches(init, check, check_grid, CHECK_BD, combine, _combine_block(nw), nw)
+        if slots == SLOT_PROBS:
+            combine = COMBINE.get(CombineKey(width, data_type, weighted, mix, bits))
+        else:
+            combine = COMBINE_COUNTED.get(CountedKey(width, data_type, slots, bits))
+    return _Launches(checks, combine, _combine_block(nw), nw)
 
 
-def run(plan, buffers, validate, alloc, stream):
+def run(plan, buffers, validate, alloc, stream, slots=SLOT_PROBS):
     """Enqueue moe_unpermute's kernels for one call on ``stream``.
 
     Parameters
@@ -106,6 +143,10 @@ def run(plan, buffers, validate, alloc, stream):
         not called without ``validate``).
     stream : int
         A ``CUstream`` handle (0: the legacy default stream).
+    slots : int
+        What the combine writes to ``out_probs`` (``combine.SLOT_PROBS``: moe_unpermute's
+        rule; ``COUNTED_SLOTS`` or ``NO_SLOTS``: moe_permute_backward's, unweighted with
+        mix precision).
 
     Returns
     -------
@@ -123,7 +164,7 @@ def run(plan, buffers, validate, alloc, stream):
     width = max(esize, width)
     bits = 8 * b.routemap_itemsize
     key = (T, E, K, plan.hidden, width, plan.data_type, plan.weighted, plan.mix_precision)
-    key += (bits, validate)
+    key += (bits, validate, slots)
     go = _LAUNCHES.get(key)
     if go is None:
         go = _LAUNCHES.put(key, _plan_launches(*key))
@@ -136,8 +177,8 @@ def run(plan, buffers, validate, alloc, stream):
         rowmap=b.rowmap.kernel_arg(np.int32),
         routemap=b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize]),
         probs=optional_arg(b.probs if R else None, np.float32),
-        out=b.out_hidden.kernel_arg(word),
-        out_probs=b.out_probs.kernel_arg(np.float32),
+        out=optional_arg(b.out_hidden, word),
+        out_probs=optional_arg(b.out_probs, np.float32),
         T=T,
         R=R,
         E=E,
@@ -147,12 +188,8 @@ def run(plan, buffers, validate, alloc, stream):
     )
     status = None
     if validate:
-        status = StatusWords(launch, _abi.UNPERMUTE_STATUS_LEN)
-        (values["minima"],) = carve(alloc, _MINIMA)
-        values["status"] = status.arg
-        launch(go.init, 1, 32, INIT.args(values), dependent=True)
-        launch(go.check, go.check_grid, go.check_block, CHECK.args(values), dependent=True)
+        status = launch_checks(launch, go.checks, values, alloc, _abi.UNPERMUTE_STATUS_LEN)
         status.written()
-    if go.combine is not None:
+    if go.combine is not None:  # (COMBINE_COUNTED's variants take the same parameters)
         launch(go.combine, T, go.combine_block, COMBINE.args(values), dependent=True)
     return status

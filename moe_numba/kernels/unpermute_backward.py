@@ -1,0 +1,195 @@
+"""moe_unpermute_backward on the GPU, host side: [init -> check ->] claim -> collide -> scatter.
+
+:func:`run` enqueues the call's kernels on the caller's stream::
+
+    kernel    module      grid                          block            launched when
+    init      .check      1                             32               validate
+    check     .check      as for moe_unpermute          CHECK_BD         validate
+    claim     .owner      (T * E) / OWNER_BD,           OWNER_BD         always
+                          at most OWNER_BLOCKS
+    collide   .owner      the same                      OWNER_BD         always
+    scatter   .scatter    (npz + T) / WARPS workers     WARPS * LANES    npz + T > 0
+
+init and check are moe_unpermute's (:func:`.unpermute.launch_checks`): the same value rules
+and status slots. claim and collide find each row's pair without atomics (:mod:`.owner`);
+collide also writes the status words of a row named twice, so with ``validate=True`` the
+host waits for collide, whose end implies check's (each of these kernels waits for the one
+ahead before it ends). Every kernel is a programmatic dependent: the first one (init, or
+claim) waits for the caller's kernels first thing; the scatter loads its first dY rows
+before it waits for collide.
+
+Scratch: ``owner [max(R, 1)]``, ``dups [2]`` int64, one allocation (check has its own).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import _abi
+from .._cache import BoundedCache
+from . import scatter
+from ._buffer import DeviceBuffer, carve
+from ._copy import WORD_DTYPE, word_width
+from ._family import NoKey
+from ._launch import Launcher, RawKernel, optional_arg
+from .combine import ITEMSIZE, widths
+from .owner import CLAIM, COLLIDE
+from .scatter import SCATTER, ScatterKey
+from .unpermute import Checks, check_launches, launch_checks
+
+FAMILIES = (CLAIM, COLLIDE, SCATTER)
+
+OWNER_BD = 256  # threads of a claim or collide block
+OWNER_BLOCKS = 2048  # most claim or collide blocks (each thread then takes a few entries)
+ZERO_WORKERS = 256  # fewest zero workers (when there are as many chunks of rows)
+
+_INDEX_DTYPES = {4: np.int32, 8: np.int64}
+_I64 = np.dtype(np.int64)
+
+
+class UnpermuteBackwardBuffers(NamedTuple):
+    """The device buffers of one ``moe_unpermute_backward`` call (None where the plan has
+    none)."""
+
+    grad_hidden: DeviceBuffer | None  # dY [T, H]
+    grad_probs: DeviceBuffer | None  # g [T, K] float32
+    rows: DeviceBuffer | None  # Xu [R, H] (read for the dot product)
+    rowmap: DeviceBuffer  # [T, E] int32
+    routemap: DeviceBuffer  # [T, K] int32 or int64
+    probs: DeviceBuffer | None  # p [R] float32 (read when weighted with dY: dXu = dY p)
+    out_rows: DeviceBuffer | None  # dXu [R, H] (with dY)
+    out_probs: DeviceBuffer  # dp [R] float32
+    routemap_itemsize: int  # 4 or 8 (the plan does not record the routing map's dtype)
+
+
+class _Launches(NamedTuple):
+    """What a call's launches need beyond its addresses: built once per call key."""
+
+    checks: Checks | None  # with validate
+    claim: RawKernel
+    collide: RawKernel
+    owner_grid: int
+    scatter: RawKernel | None
+    scatter_grid: int
+    scratch: tuple  # (count, dtype) of each scratch part: owner, dups
+    values: dict  # the scalar arguments the key decides
+
+
+_LAUNCHES = BoundedCache(1024)  # token counts vary between calls
+
+
+def _zero_workers(R, slots):
+    """Warps that test the rows' owners (a chunk of LANES rows each) and zero the rows
+    without a pair: one per chunk of the rows there would be with every routing slot
+    filled (``R - slots``), at least ZERO_WORKERS, at most R's chunks."""
+    chunks = -(-R // scatter.LANES)
+    return min(chunks, max(ZERO_WORKERS, -(-max(R - slots, 0) // scatter.LANES)))
+
+
+def _batch_groups(width, nw, dot):
+    """16-byte groups a scatter thread holds at once: the fewest of its BATCH_GROUPS that
+    take the whole row (16-byte words; narrower words come from odd rows: the smallest)."""
+    batches = scatter.BATCH_GROUPS[dot]
+    if width != 16:
+        return batches[0]
+    for nb in batches:
+        if nb * scatter.LANES >= nw:
+            return nb
+    return batches[-1]
+
+
+def _plan_launches(T, E, K, R, H, width, data_type, weighted, dot, bits, validate):
+    """The call's geometry, scratch layout and kernels (see the module docstring)."""
+    nw = H * ITEMSIZE[data_type] // width
+    npz = _zero_workers(R, T * K)
+    scatter_kernel = None
+    if npz + T > 0:
+        nb = _batch_groups(width, nw, dot)
+        key = ScatterKey(width, data_type, weighted, dot, nb, bits)
+        scatter_kernel = SCATTER.get(key)
+    return _Launches(
+        checks=check_launches(T, E, K, bits) if validate else None,
+        claim=CLAIM.get(NoKey()),
+        collide=COLLIDE.get(NoKey()),
+        owner_grid=max(1, min(OWNER_BLOCKS, -(-T * E // OWNER_BD))),
+        scatter=scatter_kernel,
+        scatter_grid=-(-(npz + T) // scatter.WARPS),
+        scratch=((max(R, 1), _I64), (2, _I64)),
+        values=dict(T=T, R=R, E=E, K=K, TE=T * E, nw=nw, npz=npz, want_status=int(validate)),
+    )
+
+
+def run(plan, buffers, validate, alloc, stream):
+    """Enqueue moe_unpermute_backward's kernels for one call on ``stream``.
+
+    Parameters
+    ----------
+    plan : moe_numba._contract_backward.BackwardPlan
+        The call's plan (``plan.computes`` is true).
+    buffers : UnpermuteBackwardBuffers
+        The call's arrays and outputs.
+    validate : bool
+        Whether init and check run and the status words are computed.
+    alloc : callable
+        ``alloc(nbytes) -> DeviceBuffer``: stream-ordered scratch memory.
+    stream : int
+        A ``CUstream`` handle (0: the legacy default stream).
+
+    Returns
+    -------
+    StatusWords or None
+        With ``validate``: the call's ``_abi.UNPERMUTE_BACKWARD_STATUS_LEN`` status words
+        (final once collide has run), else None.
+
+    Notes
+    -----
+    Every output element is written once; nothing is synchronised.
+    """
+    b = buffers
+    T, R, E, K = plan.num_tokens, plan.num_rows, plan.num_experts, plan.topk
+    H = plan.hidden if plan.grad_hidden else 0
+    data_type = plan.data_type if plan.grad_hidden else _abi.DATA_FLOAT32  # (no words)
+    weighted = plan.weighted and plan.grad_hidden  # (the rows scaled by p)
+    dot = plan.dot  # (weighted, with the rows Xu)
+    esize = ITEMSIZE[data_type]
+    rows = b.rows if dot else None
+    width = word_width(H * esize, b.grad_hidden, rows, b.out_rows, widths=widths(data_type))
+    width = max(esize, width)
+    bits = 8 * b.routemap_itemsize
+    key = (T, E, K, R, H, width, data_type, weighted, dot, bits, validate)
+    go = _LAUNCHES.get(key)
+    if go is None:
+        go = _LAUNCHES.put(key, _plan_launches(*key))
+
+    launch = Launcher(stream)
+    word = WORD_DTYPE[width]
+    owner, dups = carve(alloc, go.scratch)
+    # every argument of the call's kernels, by parameter name (each kernel takes its own)
+    values = dict(
+        go.values,
+        dy=optional_arg(b.grad_hidden if T and H else None, word),
+        xu=optional_arg(rows if R else None, word),
+        rowmap=b.rowmap.kernel_arg(np.int32),
+        routemap=b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize]),
+        owner=owner,
+        dups=dups,
+        probs=optional_arg(b.probs if weighted and R else None, np.float32),
+        gprob=optional_arg(b.grad_probs if T else None, np.float32),
+        out=optional_arg(b.out_rows if R and H else None, word),
+        out_probs=optional_arg(b.out_probs if R else None, np.uint32),
+        status=optional_arg(None, np.int64),
+        has_g=0 if b.grad_probs is None else 1,
+    )
+    status = None
+    if validate:
+        status = launch_checks(launch, go.checks, values, alloc, _abi.UNPERMUTE_BACKWARD_STATUS_LEN)
+    launch(go.claim, go.owner_grid, OWNER_BD, CLAIM.args(values), dependent=True)
+    launch(go.collide, go.owner_grid, OWNER_BD, COLLIDE.args(values), dependent=True)
+    if status is not None:
+        status.written()
+    if go.scatter is not None:
+        block = scatter.WARPS * scatter.LANES
+        launch(go.scatter, go.scatter_grid, block, SCATTER.args(values), dependent=True)
+    return status

@@ -1,0 +1,397 @@
+"""The GPU gradient ops (``moe_numba._gpu``'s permute_backward / unpermute_backward and the
+kernels behind them) in numba's CUDA simulator, bit for bit against the NumPy oracle.
+
+Block sizes are patched down so that tiny inputs still take several claim and collide
+blocks (grid-stride, the ticket), several chunks per zero worker, rows in several batches
+and compute steps, tokens with more rows than a warp lists at once, and list overflows in
+the combine. Outputs and scratch come from a poisoning allocator passed to the backend
+(``empty=``), so an element a kernel forgets to write shows up as a mismatch. The
+simulator's ``cuda.fma`` rounds twice; it is replaced by a correctly rounded fma here, so
+the dot product is compared exactly too. The lanes stay 32: they are the dot product's
+order.
+"""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from numba import config, cuda
+
+pytestmark = pytest.mark.sim  # calls the kernels with host arrays (conftest skips it elsewhere)
+
+from _cases import (  # noqa: E402
+    assert_same_bits,
+    garbage,
+    metadata,
+    random_bits,
+    random_routing,
+    random_values,
+)
+from moe_numba import _abi, _oracle  # noqa: E402
+from moe_numba._cache import BoundedCache  # noqa: E402
+from moe_numba._contract_backward import (  # noqa: E402
+    PermuteBackwardArrays,
+    UnpermuteBackwardArrays,
+    check_permute_backward_metadata,
+    check_unpermute_backward_metadata,
+)
+
+if config.ENABLE_CUDASIM:
+    from moe_numba import _gpu  # noqa: E402
+    from moe_numba.kernels import combine, scatter  # noqa: E402
+    from moe_numba.kernels import unpermute as UP  # noqa: E402
+    from moe_numba.kernels import unpermute_backward as UB  # noqa: E402
+
+    BACKEND = _gpu.gpu_backend()
+
+DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
+ROW_SHAPES = [  # (dtype, H): the row sizes pick 16-, 8-, 4- and 2-byte words
+    (np.float32, 8),
+    (np.float32, 6),
+    (np.float32, 5),
+    (ml_dtypes.bfloat16, 16),
+    (ml_dtypes.bfloat16, 12),
+    (ml_dtypes.bfloat16, 7),
+    (np.float16, 20),
+    (np.float16, 3),
+]
+
+
+def _name(x):
+    return getattr(x, "__name__", str(x))
+
+
+@pytest.fixture(autouse=True)
+def small_geometry(monkeypatch):
+    """claim and collide in blocks of 16 threads, at most 3 (grid-stride; the last block
+    writes the status), zero workers at least 2 (each takes several chunks of 32 rows), a
+    thread holds 1 or 2 groups of a row (rows go in several batches), the combine in blocks
+    of 16 threads and the check in 3 blocks of 16. The launch plans cached under the real
+    geometry are set aside."""
+    for module, values in (
+        (UB, dict(OWNER_BD=16, OWNER_BLOCKS=3, ZERO_WORKERS=2)),
+        (scatter, dict(BATCH_GROUPS={False: (1, 2), True: (1, 2)})),
+        (UP, dict(COMBINE_BD=16, MIN_BD=8, CHECK_BD=16, CHECK_BLOCKS=3)),
+    ):
+        for name, value in values.items():
+            monkeypatch.setattr(module, name, value)
+    monkeypatch.setattr(UB, "_LAUNCHES", BoundedCache(64))
+    monkeypatch.setattr(UP, "_LAUNCHES", BoundedCache(64))
+    from numba.cuda.simulator import kernelapi
+
+    def exact_fma(self, a, b, c):
+        return np.float32(_oracle.fma_float32(a, b, c))
+
+    monkeypatch.setattr(kernelapi.FakeCUDAModule, "fma", exact_fma)
+
+
+class Poisoned:
+    """``empty(shape, dtype)`` for the backend: simulator arrays of garbage bytes; counts the
+    scratch allocations (the backend's only uint8 ones)."""
+
+    def __init__(self):
+        self.scratch = 0
+
+    def __call__(self, shape, dtype):
+        self.scratch += np.dtype(dtype) == np.uint8
+        return cuda.to_device(garbage(shape, dtype))
+
+
+def device(a):
+    return None if a is None else cuda.to_device(np.ascontiguousarray(a))
+
+
+def host(x):
+    return None if x is None else x.copy_to_host()
+
+
+def compare(actual, expected, names):
+    for a, b, what in zip(actual, expected, names, strict=True):
+        if b is None:
+            assert a is None, what
+        else:
+            assert_same_bits(host(a), b, what)
+
+
+def run_backend(op, plan, host_arrays, expected, status_expected, scratch, names):
+    """``BACKEND.<op>`` (validate on and off) on device copies of ``host_arrays``: every
+    output and status word as expected, ``scratch`` (validate, not) scratch allocations, no
+    input changed."""
+    copies = [None if x is None else x.copy() for x in host_arrays]
+    arrays = type(host_arrays)(*(device(x) for x in host_arrays))
+    for validate in (True, False):
+        empty = Poisoned()
+        out, status = getattr(BACKEND, op)(plan, arrays, validate, empty=empty)
+        assert empty.scratch == scratch[0 if validate else 1]
+        if validate:
+            np.testing.assert_array_equal(status, status_expected)
+        else:
+            assert status is None
+        compare(out, expected, names)
+    for before, after in zip(copies, arrays, strict=True):
+        if before is not None:
+            assert_same_bits(host(after), before, "an input")
+
+
+def run_permute_backward(grad_rows, grad_probs, rowmap, routemap):
+    """The GPU backend against the oracle (:func:`run_backend`); the status words."""
+    host_arrays = PermuteBackwardArrays(grad_rows, grad_probs, rowmap, routemap)
+    expected, status = _oracle.permute_backward(*host_arrays)
+    plan = check_permute_backward_metadata(metadata(host_arrays), validate=True)
+    names = ("grad_hidden_states", "grad_expert_prob_topk")
+    run_backend("permute_backward", plan, host_arrays, expected, status, (1, 0), names)
+    return status  # (scratch: check's words only)
+
+
+def run_unpermute_backward(dy, g, xu, rowmap, routemap, p, weighted, num_rows):
+    """As :func:`run_permute_backward`, for the unpermute's gradient."""
+    host_arrays = UnpermuteBackwardArrays(dy, g, xu, rowmap, routemap, p)
+    expected, status = _oracle.unpermute_backward(*host_arrays, weighted, num_rows)
+    plan = check_unpermute_backward_metadata(
+        metadata(host_arrays),
+        using_weighted_combine=weighted,
+        num_rows=num_rows,
+        validate=True,
+    )
+    names = ("grad_hidden_states_unzipped", "grad_token_prob_unzipped")
+    # scratch: the owner words, and check's words with validate
+    run_backend("unpermute_backward", plan, host_arrays, expected, status, (2, 1), names)
+    return status
+
+
+def permuted(rng, T, K, E, R, *, repeats=0.0):
+    """A routing map and a row map that puts its (token, expert) pairs in distinct random
+    rows (fewer rows than pairs: the last pairs are dropped)."""
+    routemap = random_routing(rng, T, K, E, repeats=repeats)
+    rowmap = np.full((T, E), -1, np.int32)
+    free = iter(rng.permutation(R))
+    for t in range(T):
+        for e in sorted({int(e) for e in routemap[t] if e >= 0}):
+            rowmap[t, e] = next(free, -1)
+    return routemap, rowmap
+
+
+def gradients(rng, T, K, R, dtype, H):
+    """dY [T, H], g [T, K], Xu [R, H], p [R]: finite values (so that every dot product's
+    rounding shows; NaNs and infinities: :func:`test_unpermute_backward_special_bits`)."""
+    return (
+        random_values(rng, (T, H), dtype, special=0.0),
+        rng.standard_normal((T, K)).astype(np.float32),
+        random_values(rng, (R, H), dtype, special=0.0),
+        rng.random(R, dtype=np.float32),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# moe_unpermute_backward
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["copy", "weighted"])
+@pytest.mark.parametrize("dtype,H", ROW_SHAPES, ids=_name)
+def test_unpermute_backward_word_widths(dtype, H, weighted):
+    rng = np.random.default_rng(H)
+    T, K, E, R = 6, 3, 5, 20  # padding rows, a repeated expert (two slots add g)
+    routemap, rowmap = permuted(rng, T, K, E, R, repeats=0.5)
+    dy, g, xu, p = gradients(rng, T, K, R, dtype, H)
+    status = run_unpermute_backward(dy, g, xu, rowmap, routemap, p, weighted, R)
+    assert (status == -1).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+def test_unpermute_backward_rows_in_batches(dtype):
+    """Rows of more than 64 groups: batches of a group or two a lane (the dot product's
+    partials wait in shared memory between batches)."""
+    rng = np.random.default_rng(1)
+    H = 70 * 16 // np.dtype(dtype).itemsize + 3  # 71 groups, the last one short
+    T, K, E, R = 3, 2, 3, 8
+    routemap, rowmap = permuted(rng, T, K, E, R)
+    dy, g, xu, p = gradients(rng, T, K, R, dtype, H)
+    run_unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
+    run_unpermute_backward(dy, None, None, rowmap, routemap, None, False, R)
+
+
+def test_unpermute_backward_tokens_with_more_rows_than_lanes():
+    """A malformed row map names 40 rows of one token (a warp lists 32 at a time: the rows
+    go in two rounds, the second reloading the dY row when it took two batches)."""
+    rng = np.random.default_rng(2)
+    T, K, E, R = 2, 4, 45, 100
+    H = 66 * 4  # float32: 66 groups, two batches
+    routemap = np.array([[3, 44, -1, 3], [0, 1, 2, 40]], np.int64)
+    rowmap = np.full((T, E), -1, np.int32)
+    rowmap[0, :40] = rng.permutation(R)[:40]
+    rowmap[1, [0, 1, 2, 40]] = [95, 96, 97, 98]
+    dy, g, xu, p = gradients(rng, T, K, R, np.float32, H)
+    run_unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
+    run_unpermute_backward(dy, g, xu, rowmap, routemap, p, False, R)
+
+
+def test_unpermute_backward_rows_named_twice():
+    """Rows named by two and by three entries: zero gradients, and the status names the
+    smallest such row and its first two entries in flat order."""
+    rng = np.random.default_rng(3)
+    T, K, E, R, H = 7, 3, 4, 30, 8
+    routemap, rowmap = permuted(rng, T, K, E, R)
+    rowmap[np.isin(rowmap, [9, 11])] = -1
+    rowmap[1, 0], rowmap[5, 3] = 11, 11  # row 11 twice
+    rowmap[2, 1], rowmap[4, 1], rowmap[6, 2] = 9, 9, 9  # row 9 three times: the smallest
+    dy, g, xu, p = gradients(rng, T, K, R, ml_dtypes.bfloat16, H)
+    status = run_unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
+    assert status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW] == 9
+    assert status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_FIRST] == 2 * E + 1
+    assert status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_SECOND] == 4 * E + 1
+    run_unpermute_backward(dy, None, None, rowmap, routemap, None, False, R)
+
+
+def test_unpermute_backward_bad_entries():
+    """Row-map entries outside [-1, R) and routing ids outside [-1, E) count as -1; the
+    status reports the first of each (and a row named twice)."""
+    rng = np.random.default_rng(4)
+    T, K, E, R, H = 9, 3, 6, 25, 6
+    routemap, rowmap = permuted(rng, T, K, E, R)
+    routemap = routemap.astype(np.int64)
+    rowmap[3, 2], rowmap[6, 0], rowmap[2, 5] = R, -7, 2**31 - 1
+    routemap[4, 1], routemap[7, 0] = E, -2
+    routemap[8, 2] = routemap[8, 0] + 2**32  # equal to a valid id in its low 32 bits
+    rowmap[rowmap == 3] = -1
+    rowmap[0, 0], rowmap[8, 5] = 3, 3
+    dy, g, xu, p = gradients(rng, T, K, R, np.float16, H)
+    status = run_unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
+    assert status[_abi.UNPERMUTE_BAD_ROW] == 2 * E + 5
+    assert status[_abi.UNPERMUTE_BAD_ID] == 4 * K + 1
+    assert status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW] == 3
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["copy", "weighted"])
+def test_unpermute_backward_optional_inputs(weighted):
+    rng = np.random.default_rng(5)
+    T, K, E, R, H = 5, 2, 3, 12, 4
+    routemap, rowmap = permuted(rng, T, K, E, R, repeats=0.5)
+    dy, g, xu, p = gradients(rng, T, K, R, np.float32, H)
+    run_unpermute_backward(dy, None, xu if weighted else None, rowmap, routemap, p, weighted, R)
+    run_unpermute_backward(None, g, None, rowmap, routemap, p if weighted else None, weighted, R)
+    run_unpermute_backward(None, g, None, rowmap, routemap[:, ::-1].copy(), None, False, R)
+
+
+@pytest.mark.parametrize("dtype,H", ROW_SHAPES[::3] + [(ml_dtypes.bfloat16, 600)], ids=_name)
+def test_unpermute_backward_weighted_without_the_dot_product(dtype, H):
+    """A weighted combine's gradient without the rows (what autograd asks for when the
+    probabilities need no gradient): dXu = rnd(dY * p), dp has the g terms only. The plan
+    says so itself here (``dot`` false)."""
+    rng = np.random.default_rng(8)
+    T, K, E, R = 5, 3, 4, 16
+    routemap, rowmap = permuted(rng, T, K, E, R, repeats=0.5)
+    dy, g, xu, p = gradients(rng, T, K, R, dtype, H)
+    (rows, _), status = _oracle.unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
+    (_, dp), _ = _oracle.unpermute_backward(dy, g, None, rowmap, routemap, None, False, R)
+    host_arrays = UnpermuteBackwardArrays(dy, g, xu, rowmap, routemap, p)
+    plan = check_unpermute_backward_metadata(
+        metadata(host_arrays), using_weighted_combine=True, num_rows=R, validate=True
+    )
+
+    class WithoutDot(type(plan)):
+        __slots__ = ()
+        dot = False
+
+    host_arrays = host_arrays._replace(hidden_states_unzipped=None)
+    names = ("grad_hidden_states_unzipped", "grad_token_prob_unzipped")
+    run_backend(
+        "unpermute_backward", WithoutDot(*plan), host_arrays, (rows, dp), status, (2, 1), names
+    )
+
+
+def test_unpermute_backward_empty():
+    rng = np.random.default_rng(6)
+    rowmap = np.full((4, 3), -1, np.int32)
+    rowmap[1, 2] = 0  # out of range when R = 0
+    routemap = np.array([[0, 2], [2, -1], [1, 1], [-1, -1]], np.int32)
+    dy, g, xu, p = gradients(rng, 4, 2, 0, ml_dtypes.bfloat16, 5)
+    run_unpermute_backward(dy, g, xu, rowmap, routemap, p, True, 0)  # R = 0
+    dy, g, xu, p = gradients(rng, 0, 2, 7, ml_dtypes.bfloat16, 5)
+    run_unpermute_backward(dy, g, xu, rowmap[:0], routemap[:0], p, True, 7)  # T = 0: zeros
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+def test_unpermute_backward_special_bits(dtype):
+    """Copies keep every bit (NaN payloads, -0.0); products and dot products of NaNs,
+    infinities and subnormals round like the oracle, NaN canonical."""
+    rng = np.random.default_rng(7)
+    T, K, E, R, H = 5, 3, 4, 16, 16
+    routemap, rowmap = permuted(rng, T, K, E, R, repeats=0.3)
+    dy = random_bits(rng, (T, H), dtype)
+    xu = random_bits(rng, (R, H), dtype)
+    g = random_bits(rng, (T, K), np.float32)
+    p = random_values(rng, (R,), np.float32, special=0.3)
+    run_unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
+    run_unpermute_backward(dy, g, None, rowmap, routemap, None, False, R)
+
+
+# ---------------------------------------------------------------------------------------
+# moe_permute_backward
+
+
+@pytest.mark.parametrize("dtype,H", ROW_SHAPES, ids=_name)
+def test_permute_backward_word_widths(dtype, H):
+    rng = np.random.default_rng(10 + H)
+    T, K, E, R = 7, 4, 5, 24
+    routemap, rowmap = permuted(rng, T, K, E, R, repeats=0.6)  # repeated: a 0 slot
+    grad_rows = random_values(rng, (R, H), dtype)
+    grad_probs = rng.standard_normal(R).astype(np.float32)
+    status = run_permute_backward(grad_rows, grad_probs, rowmap, routemap)
+    assert (status == -1).all()
+
+
+def test_permute_backward_optional_inputs_and_bad_entries(monkeypatch):
+    monkeypatch.setattr(combine, "LMAX", 2)  # tokens with > 2 rows walk the rowmap instead
+    rng = np.random.default_rng(11)
+    T, K, E, R, H = 8, 3, 5, 20, 6
+    routemap, rowmap = permuted(rng, T, K, E, R, repeats=0.5)
+    routemap = routemap.astype(np.int64)
+    rowmap[2, 4], rowmap[5, 0] = R + 3, -4
+    routemap[1, 2], routemap[6, 0] = E + 1, -9
+    grad_rows = random_bits(rng, (R, H), ml_dtypes.bfloat16)
+    grad_probs = random_bits(rng, (R,), np.float32)  # copied: every bit kept
+    status = run_permute_backward(grad_rows, grad_probs, rowmap, routemap)
+    assert status[_abi.UNPERMUTE_BAD_ROW] == 2 * E + 4
+    assert status[_abi.UNPERMUTE_BAD_ID] == 1 * K + 2
+    run_permute_backward(grad_rows, None, rowmap, routemap)
+    run_permute_backward(None, grad_probs, rowmap, routemap)
+
+
+def test_permute_backward_empty():
+    rng = np.random.default_rng(12)
+    rowmap = np.full((3, 2), -1, np.int32)
+    routemap = np.array([[0, 1], [1, 1], [-1, 0]], np.int32)
+    run_permute_backward(np.zeros((0, 3), np.float16), np.zeros(0, np.float32), rowmap, routemap)
+    rows = rng.standard_normal((4, 3)).astype(np.float16)
+    run_permute_backward(rows, np.ones(4, np.float32), rowmap[:0], routemap[:0])
+
+
+# ---------------------------------------------------------------------------------------
+# the bench's gradient calls (moe_numba.bench._gradients)
+
+
+def test_bench_gradient_calls_match_the_cpu_backend():
+    from moe_numba.bench import _gradients
+    from moe_numba.bench._cases import Case
+    from moe_numba.bench._target import CudaTarget
+
+    case = Case(tokens=6, hidden=12, experts=4, topk=2, alignment=4, dtype="bf16")
+    target = CudaTarget("numba")
+    _gradients.check(case, target)  # raises if an output differs
+    ops = _gradients.operations(case, target)
+    assert [op.name for op in ops] == [
+        "permute_backward",
+        "permute_backward validate=False",
+        "unpermute_backward weighted",
+        "unpermute_backward weighted validate=False",
+        "unpermute_backward",
+        "unpermute_backward validate=False",
+    ]
+    row_bytes = 12 * 2
+    R = sum(-(-n // 4) * 4 for n in _gradients.make_inputs(case).counts)
+    assert [op.nbytes for op in ops[::2]] == [
+        (6 * 2 + 6) * row_bytes,
+        (6 + 6 * 2 + R) * row_bytes,
+        (6 + R) * row_bytes,
+    ]
+    for op in ops:
+        op.call()
