@@ -1,4 +1,4 @@
-/* The row arithmetic of the two gradient ops (SPEC.md section 5), on top of _combine.h's
+/* The row arithmetic of the two gradient ops (docs/gradients.rst), on top of _combine.h's
  * conversions (bfloat16/float16 <-> float32, round to nearest even, canonical NaN).
  *
  * Like _combine.h this file is built with -ffp-contract=off: the dot product's explicit fmaf

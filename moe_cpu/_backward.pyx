@@ -1,4 +1,4 @@
-"""The gradients of moe_permute and moe_unpermute on the CPU (SPEC.md section 5).
+"""The gradients of moe_permute and moe_unpermute on the CPU (docs/gradients.rst).
 
 The data gradient of the permute is the forward's unweighted combine (moe_cpu.unpermute);
 this module has the rest. ``permute_backward_probs``: tokens in parallel, each slot takes

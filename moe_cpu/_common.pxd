@@ -12,7 +12,7 @@ ctypedef fused index_t:
     int32_t
     int64_t
 
-# An input may be rewritten by another thread while a call reads it (SPEC.md section 3: the
+# An input may be rewritten by another thread while a call reads it (docs/contract.rst: the
 # call may compute garbage, never index out of bounds). Every id or row number that indexes
 # memory is therefore loaded once, through these, into a local that is checked and then
 # used: a plain load of the same element may legally be repeated by the compiler, and the

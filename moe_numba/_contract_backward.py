@@ -1,4 +1,4 @@
-"""The metadata rules of the two gradient ops (SPEC.md section 5), their plans and the wording
+"""The metadata rules of the two gradient ops (docs/gradients.rst), their plans and the wording
 of their value errors.
 
 As in :mod:`moe_numba._contract`, everything here looks at shapes, dtypes and Python scalars

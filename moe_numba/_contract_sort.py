@@ -1,4 +1,4 @@
-"""The rules of ``moe_sort_chunks`` (SPEC.md section 7): metadata checks, plan, error wording.
+"""The rules of ``moe_sort_chunks`` (docs/expert_parallel.rst): checks, plan, error wording.
 
 ``x[:S]`` (S = the sum of ``split_sizes``) is cut into chunks of ``split_sizes[c]`` rows,
 chunk ``c`` starting at row ``sum(split_sizes[:c])``; ``y[:S]`` is those chunks in the order

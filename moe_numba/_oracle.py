@@ -1,4 +1,4 @@
-"""The NumPy oracle: SPEC.md written as slow, plain Python.
+"""The NumPy oracle: docs/contract.rst written as slow, plain Python.
 
 Every backend is tested against these two functions, bit for bit. They favour clarity over
 speed (Python loops over tokens and slots) and never raise for bad values: they return the
@@ -228,7 +228,7 @@ def unpermute(
     return (combined, prob_topk), status
 
 
-# The gradients (SPEC.md section 5). The value rules of both are moe_unpermute's, so its
+# The gradients (docs/gradients.rst). The value rules of both are moe_unpermute's, so its
 # oracle gives their status words; permute_backward's data gradient *is* its unweighted
 # combine.
 

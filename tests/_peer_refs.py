@@ -1,8 +1,9 @@
 """Plain torch references for the peer grid (``test_peer_grid.py``).
 
 The grid follows Transformer Engine's permutation tests; the references follow the Paddle
-contract (SPEC sections 1, 2 and 5). The layout is computed from the routing alone (a running
-count per expert), never from the library's row map; every result is made of index_select,
+contract (docs/contract.rst, docs/gradients.rst). The layout is computed from the routing
+alone (a running count per expert), never from the library's row map; every result is made
+of index_select,
 index_copy, index_add, scatter, gather and masked ops on CPU tensors.
 
 Two kinds of reference:
@@ -69,7 +70,7 @@ def routed(routemap, num_experts):
 
 
 def layout(mask, capacities, alignment, num_rows=None):
-    """``(rowmap, R)`` of SPEC 1: expert-major, token-ascending, the first ``capacities[e]``
+    """``(rowmap, R)`` of the contract: expert-major, token-ascending, the first ``capacities[e]``
     tokens of expert e in ``ceil(n_e / A) * A`` rows; with ``num_rows``
     (``override_buffer_size``) R is that and rows at or past it are dropped."""
     rank = mask.long().cumsum(dim=0) - 1  # the token's place among the expert's tokens

@@ -82,7 +82,7 @@ class Grid:
 
     @property
     def validate(self):
-        # dropping rows or tokens past a capacity is a validate=False rule (SPEC 1)
+        # dropping rows or tokens past a capacity is a validate=False rule (docs/contract.rst)
         return self.drop is None and not self.cut
 
 

@@ -1,4 +1,4 @@
-"""A call survives its environment and its caller (SPEC.md section 3, issue 18).
+"""A call survives its environment and its caller (docs/contract.rst, issue 18).
 
 Misuse as a hostile user would try it: fork after use, huge thread counts, busy processors,
 an input rewritten while a call runs (the odd arguments are in test_reliability_arguments.py).

@@ -1,4 +1,4 @@
-"""A call survives odd arguments (SPEC.md section 3, issue 18 items 4-8).
+"""A call survives odd arguments (docs/contract.rst, issue 18 items 4-8).
 
 ``None`` for an array, sizes whose row count overflows, ``tokens_per_expert`` of odd items,
 huge scalars, buffers too large for the machine, counts on the device: each is a TypeError,

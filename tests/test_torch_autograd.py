@@ -1,6 +1,6 @@
 """Autograd through moe_permute / moe_unpermute on torch tensors.
 
-- the gradients are the SPEC 5 backward ops called directly, bit for bit;
+- the gradients are the docs/gradients.rst backward ops called directly, bit for bit;
 - on float32 data they equal finite differences of a reference made of plain torch ops;
 - only what the backward needs is saved;
 - float8 rows, the row map, the scale and the expert indices carry no gradient.
@@ -36,7 +36,7 @@ def _inputs(device, dtype=np.float32, seed=21, num_tokens=10, override=False, **
 
 
 def _direct(function, tensors, **keywords):
-    """A SPEC 5 op called directly: NumPy copies for CPU tensors, CUDA tensors as they are."""
+    """A gradient op called directly: NumPy copies for CPU tensors, CUDA tensors as they are."""
     if tensors[-1].device.type == "cpu":
         tensors = [None if t is None else to_numpy(t) for t in tensors]
     return function(*tensors, **keywords)

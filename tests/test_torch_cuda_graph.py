@@ -1,4 +1,4 @@
-"""Forward and backward captured in one CUDA graph and replayed with new inputs (SPEC 6:
+"""Forward and backward captured in one CUDA graph and replayed with new inputs (docs/training.rst:
 ``override_buffer_size`` with ``validate=False`` needs no host traffic)."""
 
 import ml_dtypes

@@ -1,4 +1,4 @@
-"""Autograd of ``moe_numba::permute`` and ``moe_numba::unpermute`` (SPEC 5 and 6).
+"""Autograd of ``moe_numba::permute`` and ``moe_numba::unpermute`` (docs/training.rst).
 
 The backward functions call the backward custom ops, so ``torch.compile`` traces them too.
 ``setup_context`` saves only what the backward needs:
@@ -30,7 +30,7 @@ def _contiguous(grad):
 def _permute_setup_context(ctx, inputs, output):
     hidden_states, *_, do_gather, _, _, _, validate = inputs
     hidden_unzipped, rowmap, _, scale_unzipped, expert_indices = output
-    rows_have_gradient = hidden_states.dtype not in FLOAT8  # SPEC 5: float8 rows have none
+    rows_have_gradient = hidden_states.dtype not in FLOAT8  # float8 rows have none
     ctx.set_materialize_grads(False)
     no_gradient = (rowmap, scale_unzipped, expert_indices)
     # (one call: each call replaces the set of the previous one)

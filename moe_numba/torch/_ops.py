@@ -4,7 +4,7 @@
 Each implementation calls the library's internal entry for its tensors' device: CUDA tensors go
 to the GPU backend as they are; CPU tensors cross to the Cython backend as NumPy views, and the
 outputs are torch tensors that the backend wrote through NumPy views (:mod:`._bridge`). The
-fake kernels give the shapes of SPEC 6 (the row count is ``override_buffer_size``, or
+fake kernels give the shapes of docs/training.rst (the row count is ``override_buffer_size``, or
 ``sum_e ceil(n_e / A) * A``) and, when the call's ints are not traced, run the contract's
 metadata checks, so that ``torch.compile`` reports a bad call while it traces.
 
@@ -223,11 +223,11 @@ def _(
 
 
 # ------------------------------------------------------------------------------------------
-# gradients (SPEC section 5): the same rules on every device, through _gradients
+# gradients (docs/gradients.rst): the same rules on every device, through _gradients
 
 
 def _run_gradient(function, tensors, **keywords):
-    """``function`` (a SPEC 5 gradient op) on CPU tensors through NumPy views, or on CUDA
+    """``function`` (a gradient op) on CPU tensors through NumPy views, or on CUDA
     tensors as they are; absent outputs become empty stand-ins."""
     like = next(t for t in tensors if t is not None)
     if _on_cpu(like):
@@ -246,7 +246,7 @@ def permute_backward(
     expert_routemap_topk: Tensor,
     validate: bool,
 ) -> tuple[Tensor, Tensor]:
-    """``moe_permute_backward`` (SPEC 5); an absent gradient comes back as an empty
+    """``moe_permute_backward`` (docs/gradients.rst); an absent gradient comes back as an empty
     float32 tensor."""
     return _run_gradient(
         _gradients.permute_backward,
@@ -293,7 +293,7 @@ def unpermute_backward(
     num_rows: int,
     validate: bool,
 ) -> tuple[Tensor, Tensor]:
-    """``moe_unpermute_backward`` (SPEC 5); an absent gradient comes back as an empty
+    """``moe_unpermute_backward`` (docs/gradients.rst); an absent gradient comes back as an empty
     float32 tensor."""
     return _run_gradient(
         _gradients.unpermute_backward,

@@ -7,7 +7,7 @@
   the rows each output position really got (``lengths``), so the backward needs no read
   either.
 
-The gradient of a sort is the inverse sort (SPEC 7): the chunk sizes in output order and the
+The gradient of a sort is the inverse sort: the chunk sizes in output order and the
 inverse permutation, ``inverse[order[i]] = i``; ``probs`` gets the same treatment. Both
 backward functions call the ops again, so the gradient is itself differentiable and traceable.
 Unused outputs' gradients arrive as None (not materialised).
