@@ -188,6 +188,27 @@ def _twin_scans():
     np.testing.assert_array_equal(out[4], np.repeat(warps.sum(axis=1), 32))
 
 
+def _twin_butterfly():
+    def kernel(values, out):
+        tmp = cuda.shared.array(_intrinsics.TMP_WORDS, np.float32)
+        i = cuda.threadIdx.x
+        out[i] = _intrinsics.warp_sum_butterfly(values[i], tmp)
+
+    rng = np.random.default_rng(72)
+    values = (rng.standard_normal(64) * 10.0 ** rng.integers(-6, 8, 64)).astype(np.float32)
+    out = np.zeros(64, np.float32)
+    cuda.jit(kernel)[1, 64](values, out)
+    lanes = values.reshape(2, 32)
+    for off in (16, 8, 4, 2, 1):  # every lane adds lane ^ off, in this order
+        lanes = lanes + lanes[:, np.arange(32) ^ off]
+    np.testing.assert_array_equal(out.view(np.uint32), lanes.reshape(-1).view(np.uint32))
+    in_order = [np.float32(0)] * 2
+    for w in range(2):
+        for v in values[32 * w : 32 * w + 32]:
+            in_order[w] = np.float32(in_order[w] + v)
+    assert lanes[:, 0].tolist() != in_order  # (the values tell the orders apart)
+
+
 def _twin_device():
     @_intrinsics.device
     def affine(x, scale, shift):
@@ -222,6 +243,7 @@ TWIN_CHECKS = {
     "block_min_i64": _twin_scans,
     "block_exclusive_scan_i64": _twin_scans,
     "warp_exclusive_scan_i64": _twin_scans,
+    "warp_sum_butterfly": _twin_butterfly,
 }
 
 
