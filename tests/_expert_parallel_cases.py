@@ -256,8 +256,8 @@ def nccl_worker(rank, ranks, port, queue):
             "y again": torch.equal(_bits(y2), _bits(y_ref[mine])),
             "grad x": torch.equal(_bits(lx2.grad), _bits(rx.grad[mine])),
             "grad probs": torch.equal(_bits(lp2.grad), _bits(rp.grad[mine])),
-            "one host sync in the forward": syncs["forward"] == 1,
-            "no host sync in the backward": syncs["backward"] == 0,
+            f"one host sync in the forward (counted {syncs['forward']})": syncs["forward"] == 1,
+            f"no host sync in the backward (counted {syncs['backward']})": syncs["backward"] == 0,
             "no status words read": not reads,
         }
         queue.put(("nccl", rank, results))

@@ -1,8 +1,8 @@
-"""Calls that nothing traces and autograd need not record skip the custom ops' dispatcher.
+"""Calls that nothing traces skip the custom ops' dispatcher.
 
-The public functions run the custom op's own implementation directly in that case; with a
-differentiable input that requires a gradient, or under ``torch.compile``, they go through the
-op. Both ways give the same bits.
+The public functions run the custom op's own implementation directly in that case, through a
+``torch.autograd.Function`` when a differentiable input requires a gradient; under
+``torch.compile`` they go through the op. Every way gives the same bits, gradients included.
 """
 
 from __future__ import annotations
@@ -41,14 +41,56 @@ def test_untraced_calls_skip_the_custom_op(device, monkeypatch):
     assert (permute.calls, unpermute.calls) == (0, 0)
 
     xg = x.clone().requires_grad_(True)
-    traced = moe_permute(xg, None, routes, probs, num_experts, counts, case["padding_alignment"])
-    y_traced, _ = moe_unpermute(traced[0], traced[1], routes, traced[2], x.shape[0], num_experts)
-    assert (permute.calls, unpermute.calls) == (1, 1)
-    assert traced[0].grad_fn is not None and y_traced.grad_fn is not None
-    for a, b in zip(plain, traced, strict=True):
+    recorded = moe_permute(xg, None, routes, probs, num_experts, counts, case["padding_alignment"])
+    y_recorded, _ = moe_unpermute(
+        recorded[0], recorded[1], routes, recorded[2], x.shape[0], num_experts
+    )
+    assert (permute.calls, unpermute.calls) == (0, 0)
+    assert recorded[0].grad_fn is not None and y_recorded.grad_fn is not None
+    for a, b in zip(plain, recorded, strict=True):
         assert_same_bits(b.detach(), a)
-    assert_same_bits(y_traced.detach(), y_plain)
+    assert_same_bits(y_recorded.detach(), y_plain)
 
     with torch.no_grad():
         moe_permute(xg, None, routes, probs, num_experts, counts, case["padding_alignment"])
-    assert permute.calls == 1  # no gradient recorded: the op is skipped again
+    assert permute.calls == 0
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_untraced_gradients_equal_the_custom_ops(device, weighted):
+    """The same step through the custom ops (as torch.compile runs them) and without them:
+    the outputs and the gradients of the rows and the probabilities are the same bits."""
+    case = routing(3)
+    x = to_torch(case.pop("hidden_states"), device)
+    routes = to_torch(case.pop("expert_routemap_topk"), device)
+    probs = to_torch(case.pop("expert_prob_topk"), device)
+    counts, num_experts = case["tokens_per_expert"], case["num_experts"]
+    scalars = (num_experts, counts, case["padding_alignment"], True, False, False, -1, True)
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(5)).to(x.dtype).to(device)
+
+    def step(through_op):
+        xg = x.clone().requires_grad_(True)
+        pg = probs.clone().requires_grad_(True)
+        if through_op:
+            rows, rowmap, row_probs, _, _ = _ops.permute(xg, None, routes, pg, *scalars)
+            flags = (x.shape[0], num_experts, True, weighted, True)
+            y, _ = _ops.unpermute(rows, rowmap, routes, row_probs, *flags)
+        else:
+            rows, rowmap, row_probs, _ = moe_permute(
+                xg, None, routes, pg, num_experts, counts, case["padding_alignment"]
+            )
+            y, _ = moe_unpermute(
+                rows,
+                rowmap,
+                routes,
+                row_probs,
+                x.shape[0],
+                num_experts,
+                using_weighted_combine=weighted,
+            )
+        (y * dy).float().sum().backward()
+        return y.detach(), xg.grad, pg.grad
+
+    for a, b in zip(step(True), step(False), strict=True):
+        assert_same_bits(b, a)

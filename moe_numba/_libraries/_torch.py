@@ -45,9 +45,12 @@ class TorchLibrary:
             torch.int8: np.dtype(np.int8),
             torch.bool: np.dtype(np.bool_),
         }
-        for name, np_type in (
+        for name, np_type in (  # dtypes that older torch releases lack
             ("float8_e4m3fn", ml_dtypes.float8_e4m3fn),
             ("float8_e5m2", ml_dtypes.float8_e5m2),
+            ("uint16", np.uint16),
+            ("uint32", np.uint32),
+            ("uint64", np.uint64),
         ):
             if hasattr(torch, name):
                 self.to_numpy[getattr(torch, name)] = np.dtype(np_type)

@@ -1,6 +1,11 @@
 """Autograd of ``moe_numba::permute`` and ``moe_numba::unpermute`` (docs/training.rst).
 
-The backward functions call the backward custom ops, so ``torch.compile`` traces them too.
+The gradients are registered on the custom ops, and their backward functions call the
+backward custom ops, so ``torch.compile`` traces them too. A call that nothing traces runs
+the same functions without the dispatcher: :class:`EagerPermute` and
+:class:`EagerUnpermute` are ``torch.autograd.Function`` classes made of the ops' implementations,
+their ``setup_context`` and their backward with the backward ops' implementations (the same
+bits, less host time per call).
 ``setup_context`` saves only what the backward needs:
 
 - permute: the row map and the routing map (the gradients are a combine and a gather by
@@ -41,16 +46,16 @@ def _permute_setup_context(ctx, inputs, output):
     ctx.save_for_backward(rowmap, inputs[2])
 
 
-def _permute_backward(ctx, grad_rows, _rowmap, grad_probs, _scale, _indices):
+def _permute_backward(
+    ctx, grad_rows, _rowmap, grad_probs, _scale, _indices, backward_op=_ops.permute_backward
+):
     grad_rows = _contiguous(grad_rows) if ctx.rows_grad else None
     grad_probs = _contiguous(grad_probs) if ctx.probs_grad else None
     grads = [None] * _PERMUTE_INPUTS
     if grad_rows is None and grad_probs is None:
         return tuple(grads)
     rowmap, routemap = ctx.saved_tensors
-    grad_hidden, grad_slots = _ops.permute_backward(
-        grad_rows, grad_probs, rowmap, routemap, ctx.validate
-    )
+    grad_hidden, grad_slots = backward_op(grad_rows, grad_probs, rowmap, routemap, ctx.validate)
     if grad_rows is not None:
         grads[0] = grad_hidden
     if grad_probs is not None:
@@ -75,7 +80,7 @@ def _unpermute_setup_context(ctx, inputs, output):
     )
 
 
-def _unpermute_backward(ctx, grad_out, grad_slots):
+def _unpermute_backward(ctx, grad_out, grad_slots, backward_op=_ops.unpermute_backward):
     wanted_out = ctx.rows_grad or (ctx.probs_grad and ctx.weighted)
     grad_out = _contiguous(grad_out) if wanted_out else None
     grad_slots = _contiguous(grad_slots) if ctx.probs_grad else None
@@ -83,7 +88,7 @@ def _unpermute_backward(ctx, grad_out, grad_slots):
     if grad_out is None and grad_slots is None:
         return tuple(grads)
     rowmap, routemap, probs, rows = ctx.saved_tensors
-    grad_rows, grad_probs = _ops.unpermute_backward(
+    grad_rows, grad_probs = backward_op(
         grad_out,
         grad_slots,
         rows if grad_out is not None else None,
@@ -107,3 +112,25 @@ torch.library.register_autograd(
 torch.library.register_autograd(
     "moe_numba::unpermute", _unpermute_backward, setup_context=_unpermute_setup_context
 )
+
+
+class EagerPermute(torch.autograd.Function):
+    """``moe_numba::permute`` with its gradient, without the dispatcher (untraced calls)."""
+
+    forward = staticmethod(_ops.permute_eager)
+    setup_context = staticmethod(_permute_setup_context)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _permute_backward(ctx, *grads, backward_op=_ops.permute_backward_eager)
+
+
+class EagerUnpermute(torch.autograd.Function):
+    """``moe_numba::unpermute`` with its gradient, without the dispatcher (untraced calls)."""
+
+    forward = staticmethod(_ops.unpermute_eager)
+    setup_context = staticmethod(_unpermute_setup_context)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _unpermute_backward(ctx, *grads, backward_op=_ops.unpermute_backward_eager)

@@ -3,7 +3,8 @@
 :func:`moe_numba.moe_permute` and :func:`moe_numba.moe_unpermute` hand every call with a
 torch tensor among its arrays to these functions. In eager mode the call's metadata is
 checked first, by the same code and with the same errors as for any other array kind; then
-the custom op runs (which autograd differentiates). While ``torch.compile`` traces, the
+the op's implementation runs (through a ``torch.autograd.Function`` when autograd records
+the call). While ``torch.compile`` traces, the
 custom ops' fake kernels run those checks instead (on the traced tensors), so the traced code
 here is only the op call.
 """
@@ -12,7 +13,7 @@ import torch
 
 from .. import _api
 from .._contract import check_permute_metadata, check_unpermute_metadata, with_capacities
-from . import _autograd, _ops  # noqa: F401  (_autograd registers the gradients)
+from . import _autograd, _ops
 
 
 def _check_all_tensors(arrays):
@@ -29,18 +30,19 @@ def _check_all_tensors(arrays):
             )
 
 
-def _untraced(arrays, differentiable):
-    """Whether a call can skip its custom op: nothing traces it (no ``torch.compile``, no
-    fake or functional tensors) and autograd keeps no record of it (no differentiable input
-    requires a gradient). The op's own implementation then runs directly, which saves the
-    dispatcher's host time in inference and serving."""
+def _implementation(arrays, differentiable, eager, recorded, op):
+    """The function that runs a call: the custom op ``op`` while something traces it
+    (``torch.compile``, fake or functional tensors); else its own implementation ``eager``,
+    or, when autograd records the call (a differentiable input requires a gradient), the
+    ``torch.autograd.Function`` ``recorded`` made of the same functions. Skipping the
+    dispatcher saves host time on every untraced call, in training and in serving."""
     if torch.compiler.is_compiling():
-        return False
+        return op
     if any(type(x) is not torch.Tensor for x in arrays if x is not None):
-        return False
-    if not torch.is_grad_enabled():
-        return True
-    return not any(x is not None and x.requires_grad for x in differentiable)
+        return op
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in differentiable):
+        return recorded.apply
+    return eager
 
 
 def _checked(calls, arrays, scalars, check_metadata):
@@ -67,8 +69,14 @@ def moe_permute(arrays, scalars, tokens_per_expert):
             tokens_per_expert = plan.capacities.tolist()
     if override_buffer_size >= 0:  # ignored by the contract, so kept out of the schema
         tokens_per_expert = None
-    untraced = _untraced(arrays, (arrays.hidden_states, arrays.expert_prob_topk))
-    outputs = (_ops.permute_eager if untraced else _ops.permute)(
+    run = _implementation(
+        arrays,
+        (arrays.hidden_states, arrays.expert_prob_topk),
+        _ops.permute_eager,
+        _autograd.EagerPermute,
+        _ops.permute,
+    )
+    outputs = run(
         *arrays,
         num_experts,
         tokens_per_expert,
@@ -87,5 +95,11 @@ def moe_unpermute(arrays, scalars):
     (``arrays`` and ``scalars`` as the CPU and GPU paths check them)."""
     if not torch.compiler.is_compiling():
         _checked(_api._unpermute_calls, arrays, scalars, check_unpermute_metadata)
-    untraced = _untraced(arrays, (arrays.hidden_states_unzipped, arrays.token_prob_unzipped))
-    return (_ops.unpermute_eager if untraced else _ops.unpermute)(*arrays, *scalars.values())
+    run = _implementation(
+        arrays,
+        (arrays.hidden_states_unzipped, arrays.token_prob_unzipped),
+        _ops.unpermute_eager,
+        _autograd.EagerUnpermute,
+        _ops.unpermute,
+    )
+    return run(*arrays, *scalars.values())

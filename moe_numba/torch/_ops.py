@@ -89,7 +89,7 @@ def permute_eager(
 
 
 # the custom op runs the same function (the public functions call it directly when nothing
-# traces the call and autograd needs no record of it: see _calls)
+# traces the call: see _calls; autograd then records it through _autograd's Function)
 permute = torch.library.custom_op("moe_numba::permute", mutates_args=())(permute_eager)
 
 
@@ -238,8 +238,7 @@ def _run_gradient(function, tensors, **keywords):
     return tuple(_absent(like) if t is None else t for t in outputs)
 
 
-@torch.library.custom_op("moe_numba::permute_backward", mutates_args=())
-def permute_backward(
+def permute_backward_eager(
     grad_hidden_states_unzipped: Tensor | None,
     grad_token_prob_unzipped: Tensor | None,
     zipped_expertwise_rowmap: Tensor,
@@ -258,6 +257,11 @@ def permute_backward(
         ),
         validate=validate,
     )
+
+
+permute_backward = torch.library.custom_op("moe_numba::permute_backward", mutates_args=())(
+    permute_backward_eager
+)
 
 
 @permute_backward.register_fake
@@ -281,8 +285,7 @@ def _(
     return grad_hidden, grad_probs
 
 
-@torch.library.custom_op("moe_numba::unpermute_backward", mutates_args=())
-def unpermute_backward(
+def unpermute_backward_eager(
     grad_hidden_states: Tensor | None,
     grad_expert_prob_topk: Tensor | None,
     hidden_states_unzipped: Tensor | None,
@@ -309,6 +312,11 @@ def unpermute_backward(
         num_rows=num_rows,
         validate=validate,
     )
+
+
+unpermute_backward = torch.library.custom_op("moe_numba::unpermute_backward", mutates_args=())(
+    unpermute_backward_eager
+)
 
 
 @unpermute_backward.register_fake
