@@ -156,11 +156,32 @@ def _twin_bits():
             halves[i] = _intrinsics.f16_to_f32(patterns[i])  # the low half only
             i += cuda.gridsize(1)
 
+    # the simulator runs each thread in Python, so not all 2**16 halves: every exponent of
+    # both signs with the mantissas at its edges and between, and random bits; the high
+    # halves random, plus the float32 specials (infinities, NaNs, subnormals, zeros)
     rng = np.random.default_rng(70)
-    low = np.arange(1 << 16, dtype=np.uint32)
+    mantissas = np.array([0, 1, 2, 0x155, 0x200, 0x2AA, 0x3FE, 0x3FF], np.uint32)
+    edges = (np.arange(64, dtype=np.uint32)[:, None] << np.uint32(10)) | mantissas
+    low = np.concatenate([edges.ravel(), rng.integers(0, 1 << 16, 512, dtype=np.uint32)])
     patterns = low | (rng.integers(0, 1 << 16, low.size, dtype=np.uint32) << np.uint32(16))
-    floats, back = np.zeros(low.size, np.float32), np.zeros(low.size, np.uint32)
-    halves = np.zeros(low.size, np.float32)
+    specials = [
+        0x7F800000,
+        0xFF800000,
+        0x7FC00000,
+        0xFFC00001,
+        0x7F800001,
+        0x7FBFFFFF,
+        0x00000001,
+        0x807FFFFF,
+        0x00800000,
+        0x80000000,
+        0x00000000,
+        0x3F800000,
+    ]
+    patterns = np.concatenate([patterns, np.array(specials, np.uint32)])
+    low = patterns & np.uint32(0xFFFF)
+    floats, back = np.zeros(patterns.size, np.float32), np.zeros(patterns.size, np.uint32)
+    halves = np.zeros(patterns.size, np.float32)
     cuda.jit(kernel)[2, 32](patterns, floats, back, halves)
     np.testing.assert_array_equal(floats.view(np.uint32), patterns)
     np.testing.assert_array_equal(back, patterns)

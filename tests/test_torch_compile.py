@@ -14,6 +14,16 @@ import pytest
 from _torch_cases import DEVICES, assert_same_bits, routing, to_torch, torch  # skips without torch
 from moe_numba import moe_permute, moe_unpermute
 
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """dynamo remembers the sizes that a function saw under earlier ``torch.compile`` calls
+    (automatic dynamic shapes), so the graph counts below hold from a fresh state only."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 # (imported only once _torch_cases has found torch)
 _dynamo_testing = importlib.import_module("torch._dynamo.testing")
 CompileCounterWithBackend = _dynamo_testing.CompileCounterWithBackend

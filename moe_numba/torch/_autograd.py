@@ -18,6 +18,8 @@ Gradients of outputs that do not reach the loss arrive as None (grads are not ma
 and the backward ops skip what nothing needs.
 """
 
+import functools
+
 import torch
 
 from . import _ops
@@ -114,23 +116,33 @@ torch.library.register_autograd(
 )
 
 
-class EagerPermute(torch.autograd.Function):
-    """``moe_numba::permute`` with its gradient, without the dispatcher (untraced calls)."""
+def _eager_function(name, implementation, setup_context, backward, backward_op):
+    """A ``torch.autograd.Function`` of an op's implementation, its ``setup_context`` and its
+    backward with the backward op's implementation."""
+    return type(
+        name,
+        (torch.autograd.Function,),
+        {
+            "__doc__": f"{name}: the custom op's functions, without the dispatcher.",
+            "__module__": __name__,
+            "forward": staticmethod(implementation),
+            "setup_context": staticmethod(setup_context),
+            "backward": staticmethod(functools.partial(backward, backward_op=backward_op)),
+        },
+    )
 
-    forward = staticmethod(_ops.permute_eager)
-    setup_context = staticmethod(_permute_setup_context)
 
-    @staticmethod
-    def backward(ctx, *grads):
-        return _permute_backward(ctx, *grads, backward_op=_ops.permute_backward_eager)
-
-
-class EagerUnpermute(torch.autograd.Function):
-    """``moe_numba::unpermute`` with its gradient, without the dispatcher (untraced calls)."""
-
-    forward = staticmethod(_ops.unpermute_eager)
-    setup_context = staticmethod(_unpermute_setup_context)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return _unpermute_backward(ctx, *grads, backward_op=_ops.unpermute_backward_eager)
+EagerPermute = _eager_function(
+    "EagerPermute",
+    _ops.permute_eager,
+    _permute_setup_context,
+    _permute_backward,
+    _ops.permute_backward_eager,
+)
+EagerUnpermute = _eager_function(
+    "EagerUnpermute",
+    _ops.unpermute_eager,
+    _unpermute_setup_context,
+    _unpermute_backward,
+    _ops.unpermute_backward_eager,
+)
