@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 
 from _backends import BACKENDS, available_backends, simulator_on  # noqa: E402
 
-SIM_COMMAND = "NUMBA_ENABLE_CUDASIM=1 python -m pytest -m sim"
+SIM_COMMAND = "NUMBA_ENABLE_CUDASIM=1 python -m pytest -m sim -n auto"
 
 
 def pytest_addoption(parser):

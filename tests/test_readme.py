@@ -38,7 +38,7 @@ def test_ci_runs_the_readme_test_command():
         for line in block.splitlines()
     ]
     assert "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]'" in lines
-    test_command = "python -m pytest && NUMBA_ENABLE_CUDASIM=1 python -m pytest -m sim"
+    test_command = "python -m pytest && NUMBA_ENABLE_CUDASIM=1 python -m pytest -m sim -n auto"
     assert test_command in lines
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert "pip install -q -e '.[test]'" in ci
