@@ -66,6 +66,13 @@ def simulator_on():
     return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
+def examples(n):
+    """Hypothesis examples for a random test that draws ``n`` on the CPU and on a GPU: a
+    third in the simulator's process, whose kernels run every thread in Python (its draws
+    are tiny shapes; the GPU runs draw all ``n`` at real sizes)."""
+    return max(10, n // 3) if simulator_on() else n
+
+
 def available_backends():
     """``cpu``, plus the simulator where it is on, or every GPU kind whose library imports
     where a GPU is usable."""

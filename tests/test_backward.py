@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import moe_cpu
+from _backends import examples
 from _cases import (
     COMBINE_DTYPES,
     assert_same_bits,
@@ -77,7 +78,9 @@ def draw_maps(case):
     return rng, rowmap, routemap.astype(case["routemap_dtype"]), r
 
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @SETTINGS

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _backends import examples
 from _cases import (
     FLOAT8,
     HIDDEN_DTYPES,
@@ -154,7 +155,7 @@ def build_permute_case(case):
     return (hidden, scale, routemap, probs, e, tokens_per_expert, case["alignment"]), flags
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_cases_match_oracle(backend, data):
     case = data.draw(permute_cases(small=backend.small, float8=backend.supports_float8))

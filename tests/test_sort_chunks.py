@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import moe_cpu
+from _backends import examples
 from _cases import FLOAT8, HIDDEN_DTYPES, assert_same_bits, random_bits
 from moe_numba import _abi, _oracle, moe_sort_chunks
 from moe_numba._api_sort import sort_chunks_arrays
@@ -66,7 +67,7 @@ def _inputs(case):
     return x, probs
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_matches_oracle(backend, data):
     case = data.draw(sort_cases(backend.small, backend.supports_float8))
@@ -76,7 +77,7 @@ def test_matches_oracle(backend, data):
     assert_same_bits(x, x_copy, "x (input modified)")
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_inverse_sort_restores_the_rows(backend, data):
     """The gradient's rule: the sizes in output order and the inverse order undo a sort."""

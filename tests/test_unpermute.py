@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _backends import examples
 from _cases import (
     COMBINE_DTYPES,
     assert_close_combine,
@@ -85,7 +86,7 @@ def unpermute_cases(draw, small):
     )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_cases_match_oracle(backend, data):
     case = data.draw(unpermute_cases(small=backend.small))
