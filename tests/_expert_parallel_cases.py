@@ -8,6 +8,8 @@ per case whether its slice of the output and of every gradient has the same bits
 
 from __future__ import annotations
 
+import os
+import sys
 import traceback
 from dataclasses import dataclass, field
 
@@ -183,6 +185,17 @@ def run_case(case, rank, group=None):
     return results
 
 
+def _exit_cleanly(queue):
+    """End a rank that finished without an error: gloo's worker threads can abort a process
+    while its interpreter shuts down ("terminate called without an active exception"), after
+    the group was destroyed and every verdict sent (``queue``'s feeder is flushed first)."""
+    queue.close()
+    queue.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def worker(rank, ranks, port, cases, queue):
     """One process of the group: every case in turn, verdicts to ``queue``; stops by itself."""
     from moe_numba.torch._distributed_bench import join_local_group
@@ -199,6 +212,7 @@ def worker(rank, ranks, port, cases, queue):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    _exit_cleanly(queue)
 
 
 def nccl_worker(rank, ranks, port, queue):
