@@ -145,8 +145,11 @@ def test_edge_shapes(
     backend, num_tokens, hidden, num_experts, topk, alignment, repeats, drop, dtype
 ):
     backend = with_gradients(backend)
-    if backend.small:  # the simulator: the widths matter here, not how many tokens
-        num_tokens = min(num_tokens, 12)
+    if backend.small:  # the simulator runs every thread in Python: fewer tokens, and
+        # every dtype only where the rows take more than one pass of the lanes
+        if hidden <= 64 and np.dtype(dtype) != np.dtype(ml_dtypes.bfloat16):
+            pytest.skip("the simulator runs the narrow edge shapes in bfloat16 only")
+        num_tokens = min(num_tokens, 6)
     rng = np.random.default_rng(num_tokens * 1000 + hidden)
     routemap, rowmap, r = routed(
         rng, num_tokens, topk, num_experts, alignment, repeats=repeats, drop=drop
@@ -274,12 +277,13 @@ def test_both_gradients_none(backend):
 def test_permute_backward_is_the_unweighted_combine(backend, dtype):
     backend = with_gradients(backend)
     rng = np.random.default_rng(21)
-    routemap, rowmap, r = routed(rng, 60, 5, 7, 3, repeats=0.2, drop=True)
+    T = 15 if backend.small else 60  # (the simulator runs every thread in Python)
+    routemap, rowmap, r = routed(rng, T, 5, 7, 3, repeats=0.2, drop=True)
     grad_rows = random_values(rng, (r, 45), dtype, special=0.05)
     dx, _ = run_on(backend, moe_permute_backward, grad_rows, None, rowmap, routemap)
     combined, _ = run_on(
         backend, moe_unpermute, grad_rows, rowmap, routemap, np.zeros(r, np.float32),
-        total_zipped_tokens=60, num_experts=7,
+        total_zipped_tokens=T, num_experts=7,
     )  # fmt: skip
     assert_same_bits(dx, combined, "grad_hidden_states")
 
@@ -287,8 +291,9 @@ def test_permute_backward_is_the_unweighted_combine(backend, dtype):
 def test_weighted_probability_gradient_is_the_warp_dot(backend):
     backend = with_gradients(backend)
     rng = np.random.default_rng(22)
-    routemap, rowmap, r = routed(rng, 30, 4, 6, 2)
-    dy = random_values(rng, (30, 300), ml_dtypes.bfloat16, special=0.0)
+    T = 8 if backend.small else 30
+    routemap, rowmap, r = routed(rng, T, 4, 6, 2)
+    dy = random_values(rng, (T, 300), ml_dtypes.bfloat16, special=0.0)
     xu = random_values(rng, (r, 300), ml_dtypes.bfloat16, special=0.0)
     _, dp = run_on(
         backend, moe_unpermute_backward, dy, None, xu, rowmap, routemap, random_probs(rng, r),
@@ -306,8 +311,9 @@ def test_weighted_without_rows_leaves_out_the_dot(backend):
     row gradient is the same, the probability gradient has only the slot terms."""
     backend = with_gradients(backend)
     rng = np.random.default_rng(23)
-    routemap, rowmap, r = routed(rng, 20, 3, 5, 2)
-    dy = random_values(rng, (20, 40), ml_dtypes.bfloat16, special=0.0)
+    T = 8 if backend.small else 20
+    routemap, rowmap, r = routed(rng, T, 3, 5, 2)
+    dy = random_values(rng, (T, 40), ml_dtypes.bfloat16, special=0.0)
     xu = random_values(rng, (r, 40), ml_dtypes.bfloat16, special=0.0)
     g = random_values(rng, routemap.shape, np.float32)
     p = random_probs(rng, r)
