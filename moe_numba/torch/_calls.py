@@ -30,6 +30,11 @@ def _check_all_tensors(arrays):
             )
 
 
+# per op: its implementation, the autograd Function of it, the custom op
+_PERMUTE = (_ops.permute_eager, _autograd.EagerPermute, _ops.permute)
+_UNPERMUTE = (_ops.unpermute_eager, _autograd.EagerUnpermute, _ops.unpermute)
+
+
 def _implementation(arrays, differentiable, eager, recorded, op):
     """The function that runs a call: the custom op ``op`` while something traces it
     (``torch.compile``, fake or functional tensors); else its own implementation ``eager``,
@@ -69,14 +74,8 @@ def moe_permute(arrays, scalars, tokens_per_expert):
             tokens_per_expert = plan.capacities.tolist()
     if override_buffer_size >= 0:  # ignored by the contract, so kept out of the schema
         tokens_per_expert = None
-    run = _implementation(
-        arrays,
-        (arrays.hidden_states, arrays.expert_prob_topk),
-        _ops.permute_eager,
-        _autograd.EagerPermute,
-        _ops.permute,
-    )
-    outputs = run(
+    differentiable = (arrays.hidden_states, arrays.expert_prob_topk)
+    outputs = _implementation(arrays, differentiable, *_PERMUTE)(
         *arrays,
         num_experts,
         tokens_per_expert,
@@ -95,11 +94,5 @@ def moe_unpermute(arrays, scalars):
     (``arrays`` and ``scalars`` as the CPU and GPU paths check them)."""
     if not torch.compiler.is_compiling():
         _checked(_api._unpermute_calls, arrays, scalars, check_unpermute_metadata)
-    run = _implementation(
-        arrays,
-        (arrays.hidden_states_unzipped, arrays.token_prob_unzipped),
-        _ops.unpermute_eager,
-        _autograd.EagerUnpermute,
-        _ops.unpermute,
-    )
-    return run(*arrays, *scalars.values())
+    differentiable = (arrays.hidden_states_unzipped, arrays.token_prob_unzipped)
+    return _implementation(arrays, differentiable, *_UNPERMUTE)(*arrays, *scalars.values())
