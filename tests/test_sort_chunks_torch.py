@@ -29,7 +29,8 @@ def _array(tensor):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize(
-    "dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, np.float32, np.uint16, np.int8]
+    "dtype",
+    [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, np.float32, np.uint16, np.int8, np.complex64],
 )
 def test_torch_matches_numpy(device, dtype):
     torch = _torch()

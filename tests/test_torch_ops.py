@@ -213,3 +213,15 @@ def test_compiled_op_names():
     for name in ("permute", "unpermute", "permute_backward", "unpermute_backward"):
         assert hasattr(torch.ops.moe_numba, name)
     assert _ops.permute._qualname == "moe_numba::permute"
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "uint32"])
+def test_a_torch_dtype_outside_the_contract_is_named(dtype):
+    """The TypeError names the tensor's dtype as NumPy spells it (not None)."""
+    case = routing(3)
+    x = torch.zeros(case["hidden_states"].shape, dtype=getattr(torch, dtype))
+    routes = to_torch(case["expert_routemap_topk"], "cpu")
+    probs = to_torch(case["expert_prob_topk"], "cpu")
+    flags = case["num_experts"], case["tokens_per_expert"], case["padding_alignment"]
+    with pytest.raises(TypeError, match=f"hidden_states must have dtype .*; got {dtype}$"):
+        moe_permute(x, None, routes, probs, *flags)

@@ -44,6 +44,8 @@ class TorchLibrary:
             torch.uint8: np.dtype(np.uint8),
             torch.int8: np.dtype(np.int8),
             torch.bool: np.dtype(np.bool_),
+            torch.complex64: np.dtype(np.complex64),
+            torch.complex128: np.dtype(np.complex128),
         }
         for name, np_type in (  # dtypes that older torch releases lack
             ("float8_e4m3fn", ml_dtypes.float8_e4m3fn),
