@@ -19,8 +19,7 @@ from _torch_cases import (
     to_torch,
     torch,
 )
-from moe_numba import moe_permute, moe_unpermute
-from moe_numba.torch import _gradients
+from moe_numba import moe_permute, moe_permute_backward, moe_unpermute, moe_unpermute_backward
 
 DTYPES = [ml_dtypes.bfloat16, np.float16, np.float32]
 
@@ -52,7 +51,7 @@ def test_permute_gradients_are_the_backward_op(device, dtype, override):
     grad_probs = torch.rand(row_probs.shape, device=device)
     grad_x, grad_p = torch.autograd.grad((rows, row_probs), (x, p), (grad_rows, grad_probs))
     expected = _direct(
-        _gradients.permute_backward, (grad_rows, grad_probs, rowmap, routemap), validate=True
+        moe_permute_backward, (grad_rows, grad_probs, rowmap, routemap), validate=True
     )
     assert_same_bits(grad_x, expected[0])
     assert_same_bits(grad_p, expected[1])
@@ -86,7 +85,7 @@ def test_unpermute_gradients_are_the_backward_op(
         (out, slot_probs), (rows, row_probs), (grad_out, grad_slots)
     )
     expected = _direct(
-        _gradients.unpermute_backward,
+        moe_unpermute_backward,
         (grad_out, grad_slots, rows, rowmap, routemap, row_probs.reshape(-1)),
         using_weighted_combine=weighted,
         num_rows=rows.shape[0],
@@ -262,9 +261,7 @@ def test_float8_rows_and_the_maps_have_no_gradient(device):
     assert not any(t.requires_grad for t in (rows, rowmap, scale_rows, indices))
     assert row_probs.requires_grad
     (grad_p,) = torch.autograd.grad(row_probs.sum(), p)
-    expected = _direct(
-        _gradients.permute_backward, (None, torch.ones_like(row_probs), rowmap, routemap)
-    )
+    expected = _direct(moe_permute_backward, (None, torch.ones_like(row_probs), rowmap, routemap))
     assert expected[0] is None
     assert_same_bits(grad_p, expected[1])
 

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .. import _api
+from .._api_backward import moe_permute_backward, moe_unpermute_backward
 from .._contract import (
     PermuteArrays,
     UnpermuteArrays,
@@ -27,7 +28,6 @@ from .._contract import (
     check_permute_metadata,
     check_unpermute_metadata,
 )
-from . import _gradients
 from ._bridge import TorchAllocator, from_numpy, to_numpy
 
 
@@ -223,7 +223,8 @@ def _(
 
 
 # ------------------------------------------------------------------------------------------
-# gradients (docs/gradients.rst): the same rules on every device, through _gradients
+# gradients (docs/gradients.rst): the library's gradient ops, the same rules on every device
+# (they never send torch tensors back to these custom ops)
 
 
 def _run_gradient(function, tensors, **keywords):
@@ -248,7 +249,7 @@ def permute_backward_eager(
     """``moe_permute_backward`` (docs/gradients.rst); an absent gradient comes back as an empty
     float32 tensor."""
     return _run_gradient(
-        _gradients.permute_backward,
+        moe_permute_backward,
         (
             grad_hidden_states_unzipped,
             grad_token_prob_unzipped,
@@ -299,7 +300,7 @@ def unpermute_backward_eager(
     """``moe_unpermute_backward`` (docs/gradients.rst); an absent gradient comes back as an empty
     float32 tensor."""
     return _run_gradient(
-        _gradients.unpermute_backward,
+        moe_unpermute_backward,
         (
             grad_hidden_states,
             grad_expert_prob_topk,
