@@ -69,6 +69,16 @@ def spoil(rng, rowmap, routemap, num_rows, num_experts):
     return rowmap, routemap
 
 
+def token_with_40_rows(rng, num_rows=100):
+    """A malformed (routing map, row map): 45 experts, K = 4; token 0 names 2 of them but its
+    row map names 40 rows (more than a warp lists at once), token 1 names 4 rows."""
+    routemap = np.array([[3, 44, -1, 3], [0, 1, 2, 40]], np.int64)
+    rowmap = np.full((2, 45), -1, np.int32)
+    rowmap[0, :40] = rng.permutation(num_rows)[:40]
+    rowmap[1, [0, 1, 2, 40]] = [95, 96, 97, 98]
+    return routemap, rowmap
+
+
 def expected_error(status, raise_for_status, check_metadata, arrays, scalars):
     """The message that the oracle's status words give for this call, or None."""
     plan = check_metadata(metadata(arrays), **scalars)

@@ -27,6 +27,7 @@ from _gradients import (
     routed,
     run_on,
     spoil,
+    token_with_40_rows,
     with_gradients,
 )
 from moe_numba import (
@@ -172,12 +173,9 @@ def test_token_with_more_rows_than_lanes(backend):
     for the second round (the simulator, far slower, takes narrow rows)."""
     backend = with_gradients(backend)
     rng = np.random.default_rng(2)
-    T, K, E, R = 2, 4, 45, 100
+    T, K, R = 2, 4, 100
     H = 8 if backend.small else 1100
-    routemap = np.array([[3, 44, -1, 3], [0, 1, 2, 40]], np.int64)
-    rowmap = np.full((T, E), -1, np.int32)
-    rowmap[0, :40] = rng.permutation(R)[:40]
-    rowmap[1, [0, 1, 2, 40]] = [95, 96, 97, 98]
+    routemap, rowmap = token_with_40_rows(rng, R)
     dy = random_values(rng, (T, H), np.float32)
     g = random_values(rng, (T, K), np.float32)
     xu = random_values(rng, (R, H), np.float32)

@@ -26,6 +26,7 @@ from _cases import (  # noqa: E402
     random_routing,
     random_values,
 )
+from _gradients import token_with_40_rows  # noqa: E402
 from moe_numba import _abi, _oracle  # noqa: E402
 from moe_numba._cache import BoundedCache  # noqa: E402
 from moe_numba._contract_backward import (  # noqa: E402
@@ -214,12 +215,9 @@ def test_unpermute_backward_tokens_with_more_rows_than_lanes():
     go in two rounds). Narrow rows: the simulator's shuffles are slow; the rounds with rows
     that take two batches run on the GPU (test_backward.py)."""
     rng = np.random.default_rng(2)
-    T, K, E, R = 2, 4, 45, 100
+    T, K, R = 2, 4, 100
     H = 8  # float32: two groups
-    routemap = np.array([[3, 44, -1, 3], [0, 1, 2, 40]], np.int64)
-    rowmap = np.full((T, E), -1, np.int32)
-    rowmap[0, :40] = rng.permutation(R)[:40]
-    rowmap[1, [0, 1, 2, 40]] = [95, 96, 97, 98]
+    routemap, rowmap = token_with_40_rows(rng, R)
     dy, g, xu, p = gradients(rng, T, K, R, np.float32, H)
     run_unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
     run_unpermute_backward(dy, g, xu, rowmap, routemap, p, False, R)
