@@ -75,9 +75,10 @@ def gradient_inputs(torch, c):
     )
 
 
-def permute_backward_calls(torch, lib, te, c, t, grads):
-    """``{impl: call}`` of the permute's backward, and the check of their outputs."""
-    rows, rowmap, _, _ = lib.moe_permute(c.x, None, c.routes, c.probs, c.E, c.counts.tolist(), c.A)
+def permute_backward_calls(torch, lib, te, c, t, grads, forward):
+    """``{impl: call}`` of the permute's backward, and the check of their outputs
+    (``forward``: moe-numba's permute outputs of the case)."""
+    _, rowmap, _, _ = forward
 
     def ours():
         return lib.moe_permute_backward(
@@ -95,11 +96,9 @@ def permute_backward_calls(torch, lib, te, c, t, grads):
     return dict(moe_numba=ours, te=theirs), check
 
 
-def unpermute_backward_calls(torch, lib, te, c, t, grads):
+def unpermute_backward_calls(torch, lib, te, c, t, grads, forward):
     """``{impl: call}`` of the weighted combine's backward, and the check of their outputs."""
-    rows, rowmap, row_probs, _ = lib.moe_permute(
-        c.x, None, c.routes, c.probs, c.E, c.counts.tolist(), c.A
-    )
+    rows, rowmap, row_probs, _ = forward
     te_rows = te.permute_with_mask_map(
         c.x, t.row_id_map, None, None, t.pad_offsets, c.T, c.E, c.R, c.H, None
     )[0]
@@ -131,8 +130,9 @@ def unpermute_backward_calls(torch, lib, te, c, t, grads):
     return dict(moe_numba=ours, te=theirs), check
 
 
-def step_calls(torch, lib, te, c, t, grads):
-    """``{impl: step}``: forward and backward of the layer without GEMMs, and the check."""
+def step_calls(torch, lib, te, c, t, grads, _forward):
+    """``{impl: step}``: forward and backward of the layer without GEMMs (each step runs
+    its own forward), and the check."""
     counts = c.counts.tolist()
     x = c.x.detach().requires_grad_(True)
     probs = c.probs.detach().requires_grad_(True)
@@ -203,6 +203,7 @@ def run_case(peers, torch, lib, te, name, iters):
     c = peers.make_case(name, "paddle")
     t = TeInputs(torch, te, c)
     grads = gradient_inputs(torch, c)
+    forward = lib.moe_permute(c.x, None, c.routes, c.probs, c.E, c.counts.tolist(), c.A)
     row = c.H * c.x.element_size()
     routed = c.T * c.K
     ops = {  # name: (builder, bytes read and written)
@@ -213,7 +214,7 @@ def run_case(peers, torch, lib, te, name, iters):
     }
     res = dict(shape=name, T=c.T, H=c.H, K=c.K, E=c.E, A=c.A, R=c.R, ops={})
     for op, (build, nbytes) in ops.items():
-        calls, check = build(torch, lib, te, c, t, grads)
+        calls, check = build(torch, lib, te, c, t, grads, forward)
         timed = {"copy": dict(peers.measure_copy(nbytes, iters), bytes=nbytes)}
         for impl, call in calls.items():
             timed[impl] = dict(peers.measure(call, iters), bytes=nbytes)
