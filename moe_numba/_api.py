@@ -221,7 +221,34 @@ def _moe_permute(
     outputs; ``torch_ops`` sends calls with torch tensors to the torch custom ops (whose
     implementations call this function without it)."""
     arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
-    scalars = dict(
+    scalars = permute_scalars(
+        num_experts,
+        padding_alignment,
+        do_gather,
+        using_ue8m0_scale,
+        return_expert_indices,
+        override_buffer_size,
+        validate,
+    )
+    if torch_ops and _has_torch_tensor(arrays):
+        from .torch import _calls
+
+        return _calls.moe_permute(arrays, scalars, tokens_per_expert)
+    backend, plan = planned_permute(arrays, scalars, tokens_per_expert)
+    return run_permute(backend, plan, arrays, validate, empty)
+
+
+def permute_scalars(
+    num_experts,
+    padding_alignment,
+    do_gather,
+    using_ue8m0_scale,
+    return_expert_indices,
+    override_buffer_size,
+    validate,
+):
+    """The arguments of ``moe_permute`` that its checks read, by name."""
+    return dict(
         num_experts=num_experts,
         padding_alignment=padding_alignment,
         do_gather=do_gather,
@@ -230,12 +257,16 @@ def _moe_permute(
         override_buffer_size=override_buffer_size,
         validate=validate,
     )
-    if torch_ops and _has_torch_tensor(arrays):
-        from .torch import _calls
 
-        return _calls.moe_permute(arrays, scalars, tokens_per_expert)
+
+def planned_permute(arrays, scalars, tokens_per_expert):
+    """(backend, plan) of a ``moe_permute`` call, its metadata and capacities checked."""
     backend, plan = _prepare(_permute_calls, arrays, scalars, check_permute_metadata)
-    plan = with_capacities(plan, tokens_per_expert)
+    return backend, with_capacities(plan, tokens_per_expert)
+
+
+def run_permute(backend, plan, arrays, validate, empty=None):
+    """``moe_permute``'s outputs for a call that :func:`planned_permute` has checked."""
     outputs, status = backend.permute(plan, arrays, validate, **_allocator(empty))
     if validate:
         raise_for_permute_status(status, plan)
@@ -349,18 +380,37 @@ def _moe_unpermute(
     arrays = UnpermuteArrays(
         hidden_states_unzipped, zipped_expertwise_rowmap, expert_routemap_topk, token_prob_unzipped
     )
-    scalars = dict(
+    scalars = unpermute_scalars(
+        total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate
+    )
+    if torch_ops and _has_torch_tensor(arrays):
+        from .torch import _calls
+
+        return _calls.moe_unpermute(arrays, scalars)
+    backend, plan = planned_unpermute(arrays, scalars)
+    return run_unpermute(backend, plan, arrays, validate, empty)
+
+
+def unpermute_scalars(
+    total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate
+):
+    """The arguments of ``moe_unpermute`` that its checks read, by name."""
+    return dict(
         total_zipped_tokens=total_zipped_tokens,
         num_experts=num_experts,
         using_mix_precision=using_mix_precision,
         using_weighted_combine=using_weighted_combine,
         validate=validate,
     )
-    if torch_ops and _has_torch_tensor(arrays):
-        from .torch import _calls
 
-        return _calls.moe_unpermute(arrays, scalars)
-    backend, plan = _prepare(_unpermute_calls, arrays, scalars, check_unpermute_metadata)
+
+def planned_unpermute(arrays, scalars):
+    """(backend, plan) of a ``moe_unpermute`` call, its metadata checked."""
+    return _prepare(_unpermute_calls, arrays, scalars, check_unpermute_metadata)
+
+
+def run_unpermute(backend, plan, arrays, validate, empty=None):
+    """``moe_unpermute``'s outputs for a call that :func:`planned_unpermute` has checked."""
     outputs, status = backend.unpermute(plan, arrays, validate, **_allocator(empty))
     if validate:
         raise_for_unpermute_status(status, plan)

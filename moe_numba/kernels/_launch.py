@@ -32,6 +32,10 @@ if not SIM:
     from cuda.bindings import driver as _driver
     from cuda.core import LaunchConfig, Stream, launch
 
+    from ._driver import driver_launcher
+
+    _DRIVER = driver_launcher()  # None: launches go through cuda.core
+
 
 def optional_arg(buf, dtype):
     """The argument for a pointer parameter of element type ``dtype`` whose buffer may be
@@ -45,13 +49,21 @@ def optional_arg(buf, dtype):
 class RawKernel:
     """One kernel body compiled for one explicit signature."""
 
-    __slots__ = ("dispatcher", "name", "signature", "_by_device")
+    __slots__ = ("dispatcher", "name", "signature", "_by_device", "_handles")
 
     def __init__(self, dispatcher, signature, name=None):
         self.dispatcher = dispatcher
         self.signature = signature
         self.name = name or getattr(dispatcher, "__name__", "kernel")
         self._by_device = {}
+        self._handles = {}
+
+    def handle(self, device_id):
+        """The kernel's driver handle (``CUkernel``) for ``device_id``, as an int."""
+        handle = self._handles.get(device_id)
+        if handle is None:
+            handle = self._handles[device_id] = int(self.cu_kernel(device_id).handle)
+        return handle
 
     @property
     def py_func(self):
@@ -85,6 +97,9 @@ _CONFIGS = BoundedCache(4096)  # grids vary with the token count
 
 
 def _current_device():
+    device = None if _DRIVER is None else _DRIVER.current_device()
+    if device is not None:
+        return device
     success = _driver.CUresult.CUDA_SUCCESS
     err, device = _driver.cuCtxGetDevice()
     if err != success:
@@ -129,11 +144,7 @@ class Launcher:
             return
         self.device = _current_device()
         self.handle = int(stream)
-        key = (self.device, self.handle)
-        s = _STREAMS.get(key)
-        if s is None:
-            s = _STREAMS[key] = Stream.from_handle(self.handle)
-        self.stream = s
+        self.stream = None  # its cuda.core Stream, made when a launch needs it
 
     def __call__(self, kernel, grid, block, args, shmem=0, dependent=False):
         """Launch ``kernel`` (a :class:`RawKernel`) with ``args`` (ints or simulator arrays).
@@ -148,6 +159,10 @@ class Launcher:
             kernel.dispatcher[grid, block, 0, shmem](*args)
             return
         overlap = dependent and _griddep_capable(self.device)
+        if _DRIVER is not None:
+            handle = kernel.handle(self.device)
+            _DRIVER(handle, grid, block, shmem, self.handle, overlap, args)
+            return
         key = (grid, block, shmem, overlap)
         launch_config = _CONFIGS.get(key)
         if launch_config is None:
@@ -155,4 +170,10 @@ class Launcher:
             launch_config = _CONFIGS.put(
                 key, LaunchConfig(grid=grid, block=block, shmem_size=shmem, **options)
             )
+        if self.stream is None:
+            key = (self.device, self.handle)
+            stream = _STREAMS.get(key)
+            if stream is None:
+                stream = _STREAMS[key] = Stream.from_handle(self.handle)
+            self.stream = stream
         launch(self.stream, launch_config, kernel.cu_kernel(self.device), *args)

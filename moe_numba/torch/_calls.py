@@ -12,7 +12,6 @@ here is only the op call.
 import torch
 
 from .. import _api
-from .._contract import check_permute_metadata, check_unpermute_metadata, with_capacities
 from . import _autograd, _ops
 
 
@@ -50,11 +49,12 @@ def _implementation(arrays, differentiable, eager, recorded, op):
     return eager
 
 
-def _checked(calls, arrays, scalars, check_metadata):
-    """The plan of a call, its metadata checked as for every other array kind."""
-    _, plan = _api._prepare(calls, arrays, scalars, check_metadata)
+def _checked(planned, arrays, *args):
+    """(backend, plan) of a call (``planned(arrays, *args)``), its metadata checked as for
+    every other array kind, and every array a tensor."""
+    backend, plan = planned(arrays, *args)
     _check_all_tensors(arrays)
-    return plan
+    return backend, plan
 
 
 def moe_permute(arrays, scalars, tokens_per_expert):
@@ -63,23 +63,24 @@ def moe_permute(arrays, scalars, tokens_per_expert):
     ``arrays`` and ``scalars`` are what the CPU and GPU paths check (``PermuteArrays`` and
     the dict of the other checked arguments by name).
     """
-    num_experts = scalars["num_experts"]
-    padding_alignment = scalars["padding_alignment"]
-    override_buffer_size = scalars["override_buffer_size"]
     return_expert_indices = scalars["return_expert_indices"]
+    differentiable = (arrays.hidden_states, arrays.expert_prob_topk)
+    run = _implementation(arrays, differentiable, *_PERMUTE)
+    if run is _ops.permute_eager:  # nothing traces or records the call: run its plan
+        backend, plan = _checked(_api.planned_permute, arrays, scalars, tokens_per_expert)
+        return _ops.permute_planned(backend, plan, arrays, scalars["validate"])
+    override_buffer_size = scalars["override_buffer_size"]
     if not torch.compiler.is_compiling():
-        plan = _checked(_api._permute_calls, arrays, scalars, check_permute_metadata)
-        plan = with_capacities(plan, tokens_per_expert)
+        _, plan = _checked(_api.planned_permute, arrays, scalars, tokens_per_expert)
         if plan.capacities is not None:  # the checked counts, as the ints the schema takes
             tokens_per_expert = plan.capacities.tolist()
     if override_buffer_size >= 0:  # ignored by the contract, so kept out of the schema
         tokens_per_expert = None
-    differentiable = (arrays.hidden_states, arrays.expert_prob_topk)
-    outputs = _implementation(arrays, differentiable, *_PERMUTE)(
+    outputs = run(
         *arrays,
-        num_experts,
+        scalars["num_experts"],
         tokens_per_expert,
-        padding_alignment,
+        scalars["padding_alignment"],
         scalars["do_gather"],
         scalars["using_ue8m0_scale"],
         return_expert_indices,
@@ -92,7 +93,11 @@ def moe_permute(arrays, scalars, tokens_per_expert):
 def moe_unpermute(arrays, scalars):
     """:func:`moe_numba.moe_unpermute` on torch tensors, through ``moe_numba::unpermute``
     (``arrays`` and ``scalars`` as the CPU and GPU paths check them)."""
-    if not torch.compiler.is_compiling():
-        _checked(_api._unpermute_calls, arrays, scalars, check_unpermute_metadata)
     differentiable = (arrays.hidden_states_unzipped, arrays.token_prob_unzipped)
-    return _implementation(arrays, differentiable, *_UNPERMUTE)(*arrays, *scalars.values())
+    run = _implementation(arrays, differentiable, *_UNPERMUTE)
+    if run is _ops.unpermute_eager:  # nothing traces or records the call: run its plan
+        backend, plan = _checked(_api.planned_unpermute, arrays, scalars)
+        return _ops.unpermute_planned(backend, plan, arrays, scalars["validate"])
+    if not torch.compiler.is_compiling():
+        _checked(_api.planned_unpermute, arrays, scalars)
+    return run(*arrays, *scalars.values())

@@ -60,32 +60,33 @@ def permute_eager(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``moe_permute`` (see :func:`moe_numba.moe_permute`); ``expert_indices`` always last,
     empty unless ``return_expert_indices``."""
-    scalars = (
+    arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
+    scalars = _api.permute_scalars(
         num_experts,
-        tokens_per_expert,
         padding_alignment,
         do_gather,
         using_ue8m0_scale,
         return_expert_indices,
         override_buffer_size,
+        validate,
     )
-    if _on_cpu(hidden_states):
-        allocate = TorchAllocator()
-        arrays = map(to_numpy, (hidden_states, scale, expert_routemap_topk, expert_prob_topk))
-        outputs = _api._moe_permute(*arrays, *scalars, validate=validate, empty=allocate)
-        outputs = tuple(map(allocate.tensor, outputs))
-    else:
-        outputs = _api._moe_permute(
-            hidden_states,
-            scale,
-            expert_routemap_topk,
-            expert_prob_topk,
-            *scalars,
-            validate=validate,
-        )
+    backend, plan = _api.planned_permute(arrays, scalars, tokens_per_expert)
+    outputs = permute_planned(backend, plan, arrays, validate)
     if not return_expert_indices:
         outputs = (*outputs, hidden_states.new_empty((0,), dtype=torch.int32))
     return outputs
+
+
+def permute_planned(backend, plan, arrays, validate):
+    """``moe_permute``'s outputs, as tensors, for a call that
+    :func:`moe_numba._api.planned_permute` has checked (``arrays``: the tensors)."""
+    if not _on_cpu(arrays.hidden_states):
+        return _api.run_permute(backend, plan, arrays, validate)
+    allocate = TorchAllocator()
+    outputs = _api.run_permute(
+        backend, plan, arrays._make(map(to_numpy, arrays)), validate, allocate
+    )
+    return tuple(map(allocate.tensor, outputs))
 
 
 # the custom op runs the same function (the public functions call it directly when nothing
@@ -167,20 +168,29 @@ def unpermute_eager(
     validate: bool,
 ) -> tuple[Tensor, Tensor]:
     """``moe_unpermute`` (see :func:`moe_numba.moe_unpermute`)."""
-    tensors = (
+    arrays = UnpermuteArrays(
         hidden_states_unzipped,
         zipped_expertwise_rowmap,
         expert_routemap_topk,
         token_prob_unzipped,
     )
-    scalars = (total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine)
-    if _on_cpu(hidden_states_unzipped):
-        allocate = TorchAllocator()
-        outputs = _api._moe_unpermute(
-            *map(to_numpy, tensors), *scalars, validate=validate, empty=allocate
-        )
-        return tuple(map(allocate.tensor, outputs))
-    return tuple(_api._moe_unpermute(*tensors, *scalars, validate=validate))
+    scalars = _api.unpermute_scalars(
+        total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate
+    )
+    backend, plan = _api.planned_unpermute(arrays, scalars)
+    return unpermute_planned(backend, plan, arrays, validate)
+
+
+def unpermute_planned(backend, plan, arrays, validate):
+    """``moe_unpermute``'s outputs, as tensors, for a call that
+    :func:`moe_numba._api.planned_unpermute` has checked (``arrays``: the tensors)."""
+    if not _on_cpu(arrays.hidden_states_unzipped):
+        return tuple(_api.run_unpermute(backend, plan, arrays, validate))
+    allocate = TorchAllocator()
+    outputs = _api.run_unpermute(
+        backend, plan, arrays._make(map(to_numpy, arrays)), validate, allocate
+    )
+    return tuple(map(allocate.tensor, outputs))
 
 
 unpermute = torch.library.custom_op("moe_numba::unpermute", mutates_args=())(unpermute_eager)

@@ -1,0 +1,153 @@
+"""Kernel launches through the CUDA driver's C API, called with ctypes.
+
+Every parameter of this package's kernels is 8 bytes (a ``CPointer`` or an int64,
+:mod:`._family`), so a launch's arguments are one packed array of int64 words, handed to
+``cuLaunchKernelEx`` as its ``extra`` buffer (``CU_LAUNCH_PARAM_BUFFER_POINTER``): one
+``struct.pack_into`` and one foreign call, where ``cuda.core.launch`` converts and boxes every
+argument on its own. A launch configuration (``CUlaunchConfig`` and its attribute) is built
+once per grid, block, shared memory, stream and dependence, and kept.
+
+:func:`driver_launcher` returns None where libcuda cannot be opened with ctypes (then
+:mod:`._launch` uses ``cuda.core``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+
+from .._cache import BoundedCache
+
+_CU_LAUNCH_PARAM_END = 0
+_CU_LAUNCH_PARAM_BUFFER_POINTER = 1
+_CU_LAUNCH_PARAM_BUFFER_SIZE = 2
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+_MOST_WORDS = 64  # the most parameters of a kernel (this package's have at most 30)
+
+
+class _LaunchAttributeValue(ctypes.Union):
+    # CUlaunchAttributeValue: a union of 64 bytes; the launches here set one int of it
+    _fields_ = [("pad", ctypes.c_char * 64), ("value", ctypes.c_int)]
+
+
+class _LaunchAttribute(ctypes.Structure):
+    # CUlaunchAttribute: the id, padded to 8 bytes, then the value
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("val", _LaunchAttributeValue)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    # CUlaunchConfig
+    _fields_ = [
+        ("gridDimX", ctypes.c_uint),
+        ("gridDimY", ctypes.c_uint),
+        ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint),
+        ("blockDimY", ctypes.c_uint),
+        ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint),
+        ("hStream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttribute)),
+        ("numAttrs", ctypes.c_uint),
+    ]
+
+
+def _dims(shape):
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return (*shape, 1, 1)[:3]
+
+
+class _Words(threading.local):
+    """A thread's argument buffer and the ``extra`` array that points at it (the driver
+    copies the arguments during the call, so each thread needs one buffer only)."""
+
+    def __init__(self):
+        self.buffer = (ctypes.c_int64 * _MOST_WORDS)()
+        self.size = ctypes.c_size_t(0)
+        self.extra = (ctypes.c_void_p * 5)(
+            _CU_LAUNCH_PARAM_BUFFER_POINTER,
+            ctypes.addressof(self.buffer),
+            _CU_LAUNCH_PARAM_BUFFER_SIZE,
+            ctypes.addressof(self.size),
+            _CU_LAUNCH_PARAM_END,
+        )
+
+
+class DriverLauncher:
+    """``launch(function, grid, block, shmem, stream, dependent, args)``: one kernel launch.
+
+    ``function`` is the kernel's ``CUfunction``/``CUkernel`` handle as an int, ``stream`` a
+    ``CUstream`` handle as an int, ``args`` the kernel's parameters as ints.
+    """
+
+    def __init__(self, libcuda):
+        self._launch = libcuda.cuLaunchKernelEx
+        self._launch.restype = ctypes.c_int
+        self._launch.argtypes = [
+            ctypes.POINTER(_LaunchConfig),
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
+        self._error_string = libcuda.cuGetErrorString
+        self._error_string.restype = ctypes.c_int
+        self._error_string.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        self._get_device = libcuda.cuCtxGetDevice
+        self._get_device.restype = ctypes.c_int
+        self._get_device.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        self._configs = BoundedCache(4096)  # grids vary with the token count
+        self._formats = {}
+        self._words = _Words()
+
+    def current_device(self):
+        """The device of the calling thread's current context, or None without one."""
+        device = ctypes.c_int(0)
+        if self._get_device(ctypes.byref(device)):
+            return None
+        return device.value
+
+    def _config(self, grid, block, shmem, stream, dependent):
+        key = (grid, block, shmem, stream, dependent)
+        config = self._configs.get(key)
+        if config is None:
+            config = _LaunchConfig(*_dims(grid), *_dims(block), shmem, stream)
+            if dependent:
+                attribute = _LaunchAttribute()
+                attribute.id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+                attribute.val.value = 1
+                config._attribute = attribute  # (kept alive with the config)
+                config.attrs = ctypes.pointer(attribute)
+                config.numAttrs = 1
+            config = self._configs.put(key, ctypes.pointer(config))
+        return config
+
+    def __call__(self, function, grid, block, shmem, stream, dependent, args):
+        n = len(args)
+        pack = self._formats.get(n)
+        if pack is None:
+            if n > _MOST_WORDS:
+                raise ValueError(f"a kernel takes at most {_MOST_WORDS} parameters; got {n}")
+            pack = self._formats[n] = struct.Struct(f"{n}q").pack_into
+        words = self._words
+        pack(words.buffer, 0, *args)
+        words.size.value = 8 * n
+        err = self._launch(
+            self._config(grid, block, shmem, stream, dependent), function, None, words.extra
+        )
+        if err:
+            message = ctypes.c_char_p()
+            self._error_string(err, ctypes.byref(message))
+            text = message.value.decode() if message.value else "unknown error"
+            raise RuntimeError(f"cuLaunchKernelEx failed: CUDA error {err} ({text})")
+
+
+def driver_launcher():
+    """A :class:`DriverLauncher` over this process's libcuda, or None if ctypes cannot open
+    it (another platform's driver library, or a libcuda without ``cuLaunchKernelEx``)."""
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            libcuda = ctypes.CDLL(name)
+            return DriverLauncher(libcuda)
+        except (OSError, AttributeError):
+            continue
+    return None

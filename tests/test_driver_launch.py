@@ -1,0 +1,107 @@
+"""The ctypes launch path (moe_numba/kernels/_driver.py) against a stand-in libcuda: the
+structures' layout is cuda.h's, and a launch hands the driver the kernel, the geometry, the
+stream, the dependence attribute and the arguments as packed int64 words.
+
+The real driver runs it on a GPU (every kernel launch of the GPU tests goes through it).
+"""
+
+import ctypes
+
+import pytest
+
+from moe_numba.kernels import _driver
+
+
+def test_structures_have_the_layout_of_cuda_h():
+    # CUlaunchConfig: 7 unsigned ints, then the stream, the attributes, their count
+    assert ctypes.sizeof(_driver._LaunchConfig) == 56
+    assert _driver._LaunchConfig.hStream.offset == 32
+    assert _driver._LaunchConfig.attrs.offset == 40
+    assert _driver._LaunchConfig.numAttrs.offset == 48
+    # CUlaunchAttribute: the id padded to 8 bytes, then a 64-byte union
+    assert ctypes.sizeof(_driver._LaunchAttribute) == 72
+    assert _driver._LaunchAttribute.val.offset == 8
+
+
+class _FakeCuda:
+    """cuLaunchKernelEx, cuGetErrorString and cuCtxGetDevice as C callbacks that record."""
+
+    def __init__(self, result=0, device=3):
+        self.launches = []
+        config_p = ctypes.POINTER(_driver._LaunchConfig)
+        launch_type = ctypes.CFUNCTYPE(
+            ctypes.c_int, config_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+        )
+        error_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))
+        device_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))
+        self._message = ctypes.c_char_p(b"an invalid argument")
+
+        def launch(config, function, params, extra):
+            c = config.contents
+            words = ctypes.cast(extra, ctypes.POINTER(ctypes.c_void_p))
+            assert (words[0], words[2], words[4] or 0) == (1, 2, 0)
+            size = ctypes.cast(words[3], ctypes.POINTER(ctypes.c_size_t))[0]
+            args = ctypes.cast(words[1], ctypes.POINTER(ctypes.c_int64))[: size // 8]
+            attrs = [(c.attrs[i].id, c.attrs[i].val.value) for i in range(c.numAttrs)]
+            self.launches.append(
+                dict(
+                    function=function,
+                    grid=(c.gridDimX, c.gridDimY, c.gridDimZ),
+                    block=(c.blockDimX, c.blockDimY, c.blockDimZ),
+                    shmem=c.sharedMemBytes,
+                    stream=c.hStream or 0,
+                    params=params,
+                    attrs=attrs,
+                    args=args,
+                )
+            )
+            return result
+
+        def error_string(err, out):
+            out[0] = self._message.value
+            return 0
+
+        def get_device(out):
+            out[0] = device
+            return 0
+
+        # (kept referenced: ctypes does not keep callbacks alive)
+        self.cuLaunchKernelEx = launch_type(launch)
+        self.cuGetErrorString = error_type(error_string)
+        self.cuCtxGetDevice = device_type(get_device)
+
+
+def test_a_launch_hands_the_driver_its_words():
+    fake = _FakeCuda()
+    launch = _driver.DriverLauncher(fake)
+    args = (0x7F00_0000_1000, -1, 0, 2**40, 7)
+    launch(0x1234, (5, 2), 128, 64, 0xBEEF, True, args)
+    launch(0x1234, 9, 32, 0, 0, False, args[:2])
+    first, second = fake.launches
+    assert first["function"] == 0x1234 and first["params"] is None
+    assert (first["grid"], first["block"], first["shmem"]) == ((5, 2, 1), (128, 1, 1), 64)
+    assert first["stream"] == 0xBEEF
+    assert first["attrs"] == [(6, 1)]  # programmatic stream serialization, on
+    assert first["args"] == list(args)
+    assert (second["grid"], second["attrs"], second["args"]) == ((9, 1, 1), [], list(args[:2]))
+    assert launch.current_device() == 3
+
+
+def test_configurations_are_built_once_per_geometry_and_stream():
+    launch = _driver.DriverLauncher(_FakeCuda())
+    a = launch._config(4, 32, 0, 1, True)
+    assert launch._config(4, 32, 0, 1, True) is a
+    assert launch._config(4, 32, 0, 2, True) is not a
+    assert launch._config(4, 32, 0, 1, False) is not a
+
+
+def test_a_driver_error_is_raised_with_its_text():
+    launch = _driver.DriverLauncher(_FakeCuda(result=1))
+    with pytest.raises(RuntimeError, match=r"CUDA error 1 \(an invalid argument\)"):
+        launch(1, 1, 32, 0, 0, False, (1, 2))
+
+
+def test_too_many_parameters_are_refused():
+    launch = _driver.DriverLauncher(_FakeCuda())
+    with pytest.raises(ValueError, match="at most 64 parameters; got 65"):
+        launch(1, 1, 32, 0, 0, False, (0,) * 65)
