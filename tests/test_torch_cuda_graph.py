@@ -64,21 +64,22 @@ def test_forward_and_backward_replay_in_one_cuda_graph(device, weighted):
     # rows for the largest routing replayed below, plus slack: rows past the needed ones are
     # padding
     num_rows = max(rows_needed(_inputs(seed, "cpu")[1]) for seed in range(4)) + ALIGNMENT
-    static[0].requires_grad_()
-    static[1].requires_grad_()
-
-    def step():
-        return _step(*static, num_rows, weighted)
+    # the warm-up has leaves of its own: a leaf's gradient accumulator keeps the stream it was
+    # made on, and one made on the warm-up's stream would not match the capture's
+    warm = [t.clone() for t in static]
+    for leaves in (static, warm):
+        leaves[0].requires_grad_()
+        leaves[1].requires_grad_()
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up: kernels compiled, allocator pools filled
         for _ in range(3):
-            step()
+            _step(*warm, num_rows, weighted)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = step()
+        captured = _step(*static, num_rows, weighted)
 
     for seed in (1, 2, 3):
         fresh, _ = _inputs(seed, device)

@@ -23,7 +23,7 @@ from .. import _api
 from .._api_sort import _sort_calls, sort_chunks_arrays
 from .._contract_sort import SortArrays, check_sort_metadata, host_ints, inverse_order
 from ._bridge import TorchAllocator, to_numpy
-from ._calls import _checked
+from ._calls import _check_all_tensors
 from ._ops import _absent, _concrete, _on_cpu
 
 
@@ -169,7 +169,8 @@ def sort_chunks(x, split_sizes, order, probs, *, validate):
         arrays = SortArrays(x, probs, split_sizes if on_device else None)
         order = host_ints("order", order)
         scalars = dict(order=order, host_sizes=host, validate=validate)
-        _checked(_sort_calls, arrays, scalars, check_sort_metadata)
+        _api._prepare(_sort_calls, arrays, scalars, check_sort_metadata)
+        _check_all_tensors(arrays)
         order = list(order)
         if not on_device:
             split_sizes = list(host)
