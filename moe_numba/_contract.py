@@ -47,7 +47,9 @@ MAX_ROWS = 2**31 - 1
 ROWMAP_INT32 = "zipped_expertwise_rowmap holds int32 row numbers"
 
 # A training loop repeats the same metadata and often the same capacities: their checks run once.
-_capacity_plans = BoundedCache(256)  # (metadata plan, tokens_per_expert) -> plan with rows
+_capacity_plans = BoundedCache(
+    256
+)  # (id of a metadata plan, tokens_per_expert) -> (it, plan with rows)
 
 
 def _names(dtypes):
@@ -230,18 +232,23 @@ def with_capacities(plan, tokens_per_expert):
     """
     if plan.num_rows >= 0:
         return plan
-    return _capacity_plans.get_or_compute(
-        _capacities_key(plan, tokens_per_expert), lambda: _plan_rows(plan, tokens_per_expert)
-    )
+    key = _capacities_key(plan, tokens_per_expert)
+    entry = _capacity_plans.get_or_compute(key, lambda: (plan, _plan_rows(plan, tokens_per_expert)))
+    if entry[0] is not plan:  # (cannot happen while the entry keeps its plan: a safeguard)
+        return _plan_rows(plan, tokens_per_expert)
+    return entry[1]
 
 
 def _capacities_key(plan, tokens_per_expert):
     """A key for ``plan`` with these capacities (values and their types: ``[2.0]`` must still
-    fail as ``[2]`` passes), or None for a type not worth keying."""
+    fail as ``[2]`` passes), or None for a type not worth keying. The plan enters by its id
+    (plans come from the metadata cache, one object per call key): its entry keeps the plan,
+    so the id cannot be reused while the entry lives."""
     if type(tokens_per_expert) in (list, tuple):
-        return plan, tuple(tokens_per_expert), tuple(map(type, tokens_per_expert))
+        return id(plan), tuple(tokens_per_expert), tuple(map(type, tokens_per_expert))
     if type(tokens_per_expert) is np.ndarray:
-        return plan, tokens_per_expert.dtype, tokens_per_expert.shape, tokens_per_expert.tobytes()
+        array = tokens_per_expert
+        return id(plan), array.dtype, array.shape, array.tobytes()
     return None
 
 

@@ -125,8 +125,8 @@ def call_key(arrays, scalars):
         if k is None:
             return None
         key.append(k)
-    key.extend((type(v), v) for v in scalars)
-    key = tuple(key)
+    scalars = tuple(scalars)
+    key = (*key, scalars, tuple(map(type, scalars)))
     try:
         hash(key)
     except TypeError:  # an unhashable scalar

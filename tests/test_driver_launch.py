@@ -75,8 +75,8 @@ def test_a_launch_hands_the_driver_its_words():
     fake = _FakeCuda()
     launch = _driver.DriverLauncher(fake)
     args = (0x7F00_0000_1000, -1, 0, 2**40, 7)
-    launch(0x1234, (5, 2), 128, 64, 0xBEEF, True, args)
-    launch(0x1234, 9, 32, 0, 0, False, args[:2])
+    launch(0x1234, launch.config((5, 2), 128, 64, 0xBEEF, True)[1], args)
+    launch(0x1234, launch.config(9, 32, 0, 0, False)[1], args[:2])
     first, second = fake.launches
     assert first["function"] == 0x1234 and first["params"] is None
     assert (first["grid"], first["block"], first["shmem"]) == ((5, 2, 1), (128, 1, 1), 64)
@@ -89,19 +89,19 @@ def test_a_launch_hands_the_driver_its_words():
 
 def test_configurations_are_built_once_per_geometry_and_stream():
     launch = _driver.DriverLauncher(_FakeCuda())
-    a = launch._config(4, 32, 0, 1, True)
-    assert launch._config(4, 32, 0, 1, True) is a
-    assert launch._config(4, 32, 0, 2, True) is not a
-    assert launch._config(4, 32, 0, 1, False) is not a
+    a = launch.config(4, 32, 0, 1, True)
+    assert launch.config(4, 32, 0, 1, True) is a
+    assert launch.config(4, 32, 0, 2, True)[1] != a[1]
+    assert launch.config(4, 32, 0, 1, False)[1] != a[1]
 
 
 def test_a_driver_error_is_raised_with_its_text():
     launch = _driver.DriverLauncher(_FakeCuda(result=1))
     with pytest.raises(RuntimeError, match=r"CUDA error 1 \(an invalid argument\)"):
-        launch(1, 1, 32, 0, 0, False, (1, 2))
+        launch(1, launch.config(1, 32, 0, 0, False)[1], (1, 2))
 
 
 def test_too_many_parameters_are_refused():
     launch = _driver.DriverLauncher(_FakeCuda())
     with pytest.raises(ValueError, match="at most 64 parameters; got 65"):
-        launch(1, 1, 32, 0, 0, False, (0,) * 65)
+        launch(1, launch.config(1, 32, 0, 0, False)[1], (0,) * 65)

@@ -57,6 +57,7 @@ class TorchLibrary:
             if hasattr(torch, name):
                 self.to_numpy[getattr(torch, name)] = np.dtype(np_type)
         self.to_torch = {v: k for k, v in self.to_numpy.items()}
+        self._empty_dtypes = {}
         # torch's NumPy bridge knows no bfloat16 or float8: their bits travel as these
         self.bits = {2: torch.int16, 1: torch.uint8}
         self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -83,7 +84,10 @@ class TorchLibrary:
         return DeviceBuffer(x.data_ptr(), x.nbytes)
 
     def empty(self, shape, dtype, like):
-        return self.torch.empty(shape, dtype=self.to_torch[np.dtype(dtype)], device=like.device)
+        torch_dtype = self._empty_dtypes.get(dtype)
+        if torch_dtype is None:  # (keyed by what callers pass: NumPy types and dtypes)
+            torch_dtype = self._empty_dtypes[dtype] = self.to_torch[np.dtype(dtype)]
+        return self.torch.empty(shape, dtype=torch_dtype, device=like.device)
 
     def upload(self, values, like):
         host = self.torch.from_numpy(values)

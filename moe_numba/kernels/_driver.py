@@ -58,37 +58,41 @@ def _dims(shape):
 
 
 class _Words(threading.local):
-    """A thread's argument buffer and the ``extra`` array that points at it (the driver
-    copies the arguments during the call, so each thread needs one buffer only)."""
+    """A thread's argument buffer and, per parameter count, the ``extra`` array that points
+    at it and at that count's size (the driver copies the arguments during the call, so
+    each thread needs one buffer only)."""
 
     def __init__(self):
         self.buffer = (ctypes.c_int64 * _MOST_WORDS)()
-        self.size = ctypes.c_size_t(0)
-        self.extra = (ctypes.c_void_p * 5)(
+        self._sizes = {}  # the size words the extra arrays point at (kept alive here)
+        self._extras = {}
+        self.extras = {}  # parameter count -> address of its extra array
+
+    def extra(self, n):
+        """The address of the ``extra`` array for ``n`` parameters (built on first use)."""
+        size = self._sizes[n] = ctypes.c_size_t(8 * n)
+        extra = self._extras[n] = (ctypes.c_void_p * 5)(
             _CU_LAUNCH_PARAM_BUFFER_POINTER,
             ctypes.addressof(self.buffer),
             _CU_LAUNCH_PARAM_BUFFER_SIZE,
-            ctypes.addressof(self.size),
+            ctypes.addressof(size),
             _CU_LAUNCH_PARAM_END,
         )
+        address = self.extras[n] = ctypes.addressof(extra)
+        return address
 
 
 class DriverLauncher:
-    """``launch(function, grid, block, shmem, stream, dependent, args)``: one kernel launch.
+    """``launch(function, config, args)``: one kernel launch.
 
-    ``function`` is the kernel's ``CUfunction``/``CUkernel`` handle as an int, ``stream`` a
-    ``CUstream`` handle as an int, ``args`` the kernel's parameters as ints.
+    ``function`` is the kernel's ``CUfunction``/``CUkernel`` handle as an int, ``config`` the
+    address from :meth:`config`, ``args`` the kernel's parameters as ints.
     """
 
     def __init__(self, libcuda):
         self._launch = libcuda.cuLaunchKernelEx
         self._launch.restype = ctypes.c_int
-        self._launch.argtypes = [
-            ctypes.POINTER(_LaunchConfig),
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-        ]
+        self._launch.argtypes = [ctypes.c_void_p] * 4
         self._error_string = libcuda.cuGetErrorString
         self._error_string.restype = ctypes.c_int
         self._error_string.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
@@ -96,7 +100,7 @@ class DriverLauncher:
         self._get_device.restype = ctypes.c_int
         self._get_device.argtypes = [ctypes.POINTER(ctypes.c_int)]
         self._configs = BoundedCache(4096)  # grids vary with the token count
-        self._formats = {}
+        self._packs = {}  # parameter count -> struct.pack_into of that many int64 words
         self._words = _Words()
 
     def current_device(self):
@@ -106,10 +110,12 @@ class DriverLauncher:
             return None
         return device.value
 
-    def _config(self, grid, block, shmem, stream, dependent):
+    def config(self, grid, block, shmem, stream, dependent):
+        """``(configuration, its address)``: the launch configuration, built once per argument
+        set (hold the pair while launching with the address)."""
         key = (grid, block, shmem, stream, dependent)
-        config = self._configs.get(key)
-        if config is None:
+        entry = self._configs.get(key)
+        if entry is None:
             config = _LaunchConfig(*_dims(grid), *_dims(block), shmem, stream)
             if dependent:
                 attribute = _LaunchAttribute()
@@ -118,22 +124,20 @@ class DriverLauncher:
                 config._attribute = attribute  # (kept alive with the config)
                 config.attrs = ctypes.pointer(attribute)
                 config.numAttrs = 1
-            config = self._configs.put(key, ctypes.pointer(config))
-        return config
+            entry = self._configs.put(key, (config, ctypes.addressof(config)))
+        return entry
 
-    def __call__(self, function, grid, block, shmem, stream, dependent, args):
+    def __call__(self, function, config, args):
         n = len(args)
-        pack = self._formats.get(n)
+        pack = self._packs.get(n)
         if pack is None:
             if n > _MOST_WORDS:
                 raise ValueError(f"a kernel takes at most {_MOST_WORDS} parameters; got {n}")
-            pack = self._formats[n] = struct.Struct(f"{n}q").pack_into
+            pack = self._packs[n] = struct.Struct(f"{n}q").pack_into
         words = self._words
         pack(words.buffer, 0, *args)
-        words.size.value = 8 * n
-        err = self._launch(
-            self._config(grid, block, shmem, stream, dependent), function, None, words.extra
-        )
+        extra = words.extras.get(n) or words.extra(n)
+        err = self._launch(config, function, None, extra)
         if err:
             message = ctypes.c_char_p()
             self._error_string(err, ctypes.byref(message))

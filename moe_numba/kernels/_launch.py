@@ -115,14 +115,15 @@ _GRIDDEP = {}
 
 def _griddep_capable(device):
     """Whether ``device`` runs programmatic dependent launches (compute capability >= 9.0)
-    and this ``cuda.core`` can ask for them."""
+    and the launch path can ask for them (the driver's can; older ``cuda.core`` releases
+    cannot)."""
     capable = _GRIDDEP.get(device)
     if capable is None:
         attribute = _driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
         err, major = _driver.cuDeviceGetAttribute(attribute, _driver.CUdevice(device))
         capable = err == _driver.CUresult.CUDA_SUCCESS and major >= 9
-        if capable:
-            try:  # (older cuda.core releases have no such option)
+        if capable and _DRIVER is None:
+            try:
                 LaunchConfig(grid=1, block=32, programmatic_stream_serialization=True)
             except TypeError:
                 capable = False
@@ -136,14 +137,16 @@ class Launcher:
     ``stream`` is a ``CUstream`` handle as an int (0: the legacy default stream).
     """
 
-    __slots__ = ("device", "handle", "stream")
+    __slots__ = ("device", "handle", "overlap", "stream")
 
     def __init__(self, stream):
         if SIM:
             self.device = self.handle = self.stream = None
+            self.overlap = False
             return
         self.device = _current_device()
         self.handle = int(stream)
+        self.overlap = _griddep_capable(self.device)
         self.stream = None  # its cuda.core Stream, made when a launch needs it
 
     def __call__(self, kernel, grid, block, args, shmem=0, dependent=False):
@@ -158,10 +161,10 @@ class Launcher:
         if SIM:
             kernel.dispatcher[grid, block, 0, shmem](*args)
             return
-        overlap = dependent and _griddep_capable(self.device)
+        overlap = dependent and self.overlap
         if _DRIVER is not None:
-            handle = kernel.handle(self.device)
-            _DRIVER(handle, grid, block, shmem, self.handle, overlap, args)
+            config = _DRIVER.config(grid, block, shmem, self.handle, overlap)
+            _DRIVER(kernel.handle(self.device), config[1], args)
             return
         key = (grid, block, shmem, overlap)
         launch_config = _CONFIGS.get(key)

@@ -87,9 +87,10 @@ class _Launches(NamedTuple):
     gather: RawKernel | None
     gather_grid: int
     gather_block: int
-    sizes: dict  # the kernels' scalar arguments that the key decides, by name:
+    values: dict  # the kernels' scalar arguments (all that the key decides), by name:
     # T, K, E, R, NC (count chunks), ct (tokens per chunk), ex_dim (experts per scan block
-    # tile), npw (padding workers), hnw (hidden words per row)
+    # tile), npw (padding workers), hnw, snw (hidden and scale words per row), A,
+    # override, want_status, has_indices (0 or 1)
 
 
 _LAUNCHES = BoundedCache(1024)  # token counts vary between calls
@@ -125,7 +126,7 @@ def _batch_words(hw, hnw):
     return gather.BATCH_WORDS[-1]
 
 
-def _plan_launches(T, K, E, R, hw, hnw, sw, bits, validate):
+def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, indices):
     """The call's geometry, scratch layout and kernels (see the module docstring)."""
     one_block = not validate and 0 < T <= count.CT and E <= count.ETILE
     ct = T if one_block else _chunk_tokens(T, K)
@@ -162,7 +163,22 @@ def _plan_launches(T, K, E, R, hw, hnw, sw, bits, validate):
         gather=gather_kernel,
         gather_grid=min(-(-items // gather.WARPS), GATHER_BLOCKS),
         gather_block=gather.WARPS * gather.LANES,
-        sizes=dict(T=T, K=K, E=E, R=R, NC=nc, ct=ct, ex_dim=ex_dim, npw=npw, hnw=hnw),
+        values=dict(
+            T=T,
+            K=K,
+            E=E,
+            R=R,
+            NC=nc,
+            ct=ct,
+            ex_dim=ex_dim,
+            npw=npw,
+            hnw=hnw,
+            snw=snw,
+            A=A,
+            override=int(override),
+            want_status=int(validate),
+            has_indices=int(indices),
+        ),
     )
 
 
@@ -207,7 +223,8 @@ def run(plan, buffers, validate, alloc, stream):
     if sw < 4:
         raise ValueError("scale rows must be whole, 4-byte aligned float32/int32 words")
     bits = 8 * b.routemap_itemsize
-    key = (T, K, E, R, hw, hnw, sw, bits, validate)
+    override, indices = b.capacity is None, b.out_indices is not None
+    key = (T, K, E, R, hw, hnw, sw, snw, bits, validate, plan.alignment, override, indices)
     go = _LAUNCHES.get(key)
     if go is None:
         go = _LAUNCHES.put(key, _plan_launches(*key))
@@ -217,7 +234,7 @@ def run(plan, buffers, validate, alloc, stream):
     hd, sd = _copy.WORD_DTYPE[hw], _copy.WORD_DTYPE[sw]
     # every argument of the call's kernels, by parameter name (each kernel takes its own)
     values = dict(
-        go.sizes,
+        go.values,
         hidden=optional_arg(b.hidden if hnw else None, hd),
         scale=optional_arg(b.scale if snw else None, sd),
         routemap=b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize]),
@@ -230,11 +247,6 @@ def run(plan, buffers, validate, alloc, stream):
         out_indices=optional_arg(b.out_indices if R else None, np.int32),
         # (without validate the scan writes no status words)
         status=optional_arg(None, np.int64) if status is None else status.arg,
-        A=plan.alignment,
-        snw=snw,
-        override=1 if b.capacity is None else 0,
-        want_status=1 if validate else 0,
-        has_indices=0 if b.out_indices is None else 1,
     )
     values.update(zip(_SCRATCH, carve(alloc, go.scratch), strict=True))
     if go.one_block:

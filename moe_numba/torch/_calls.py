@@ -67,7 +67,8 @@ def moe_permute(arrays, scalars, tokens_per_expert):
     differentiable = (arrays.hidden_states, arrays.expert_prob_topk)
     run = _implementation(arrays, differentiable, *_PERMUTE)
     if run is _ops.permute_eager:  # nothing traces or records the call: run its plan
-        backend, plan = _checked(_api.planned_permute, arrays, scalars, tokens_per_expert)
+        # (every array is a torch.Tensor: _implementation returns the op otherwise)
+        backend, plan = _api.planned_permute(arrays, scalars, tokens_per_expert)
         return _ops.permute_planned(backend, plan, arrays, scalars["validate"])
     override_buffer_size = scalars["override_buffer_size"]
     if not torch.compiler.is_compiling():
@@ -96,7 +97,7 @@ def moe_unpermute(arrays, scalars):
     differentiable = (arrays.hidden_states_unzipped, arrays.token_prob_unzipped)
     run = _implementation(arrays, differentiable, *_UNPERMUTE)
     if run is _ops.unpermute_eager:  # nothing traces or records the call: run its plan
-        backend, plan = _checked(_api.planned_unpermute, arrays, scalars)
+        backend, plan = _api.planned_unpermute(arrays, scalars)  # (tensors only, as above)
         return _ops.unpermute_planned(backend, plan, arrays, scalars["validate"])
     if not torch.compiler.is_compiling():
         _checked(_api.planned_unpermute, arrays, scalars)
