@@ -54,8 +54,10 @@ from .combine import DATA_TYPES, ITEMSIZE, widths, word_lanes
 LANES = 32  # threads of a worker, and the dot product's lanes: a warp (in the simulator too)
 WARPS = min(4, SYNCWARP_WARPS)  # workers per block
 # 16-byte groups of dY a thread may hold at once (rising), without and with the dot product:
-# the whole row where it can; with the dot in smaller batches, leaving registers for Xu's
-BATCH_GROUPS = {False: (4, 8, 16, 28), True: (4, 8)}
+# the whole row where it can; with the dot a batch of 4, since Xu's words take registers too:
+# at 8 the kernel needs so many registers that too few warps fit on an SM to keep enough loads
+# in flight (docs/performance.rst)
+BATCH_GROUPS = {False: (4, 8, 16, 28), True: (4,)}
 
 
 class ScatterKey(NamedTuple):
