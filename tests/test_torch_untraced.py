@@ -11,7 +11,7 @@ import pytest
 
 from _torch_cases import DEVICES, assert_same_bits, routing, to_torch, torch  # noqa: F401
 from moe_numba import moe_permute, moe_unpermute
-from moe_numba.torch import _autograd, _calls, _ops
+from moe_numba.torch import _ops
 
 
 class _Counting:
@@ -33,16 +33,18 @@ def test_untraced_calls_skip_the_custom_op(device, monkeypatch):
     probs = to_torch(case.pop("expert_prob_topk"), device)
     counts, num_experts = case["tokens_per_expert"], case["num_experts"]
     permute, unpermute = _Counting(_ops.permute), _Counting(_ops.unpermute)
-    eager_permute, eager_unpermute = _Counting(_ops.permute_eager), _Counting(_ops.unpermute_eager)
-    monkeypatch.setattr(_calls, "_PERMUTE", (eager_permute, _autograd.EagerPermute, permute))
-    monkeypatch.setattr(
-        _calls, "_UNPERMUTE", (eager_unpermute, _autograd.EagerUnpermute, unpermute)
-    )
+    planned_permute = _Counting(_ops.permute_planned)
+    planned_unpermute = _Counting(_ops.unpermute_planned)
+    monkeypatch.setattr(_ops, "permute", permute)
+    monkeypatch.setattr(_ops, "unpermute", unpermute)
+    monkeypatch.setattr(_ops, "permute_planned", planned_permute)
+    monkeypatch.setattr(_ops, "unpermute_planned", planned_unpermute)
 
     plain = moe_permute(x, None, routes, probs, num_experts, counts, case["padding_alignment"])
     y_plain, _ = moe_unpermute(plain[0], plain[1], routes, plain[2], x.shape[0], num_experts)
     assert (permute.calls, unpermute.calls) == (0, 0)
-    assert (eager_permute.calls, eager_unpermute.calls) == (1, 1)
+    assert (planned_permute.calls, planned_unpermute.calls) == (1, 1)
+    assert plain[0].grad_fn is None
 
     xg = x.clone().requires_grad_(True)
     recorded = moe_permute(xg, None, routes, probs, num_experts, counts, case["padding_alignment"])
@@ -50,14 +52,16 @@ def test_untraced_calls_skip_the_custom_op(device, monkeypatch):
         recorded[0], recorded[1], routes, recorded[2], x.shape[0], num_experts
     )
     assert (permute.calls, unpermute.calls) == (0, 0)
-    assert recorded[0].grad_fn is not None and y_recorded.grad_fn is not None
+    assert (planned_permute.calls, planned_unpermute.calls) == (2, 2)
+    assert type(recorded[0].grad_fn).__name__ == "EagerPermuteBackward"
+    assert type(y_recorded.grad_fn).__name__ == "EagerUnpermuteBackward"
     for a, b in zip(plain, recorded, strict=True):
         assert_same_bits(b.detach(), a)
     assert_same_bits(y_recorded.detach(), y_plain)
 
     with torch.no_grad():
         moe_permute(xg, None, routes, probs, num_experts, counts, case["padding_alignment"])
-    assert (permute.calls, eager_permute.calls) == (0, 2)
+    assert (permute.calls, planned_permute.calls) == (0, 3)
 
 
 @pytest.mark.parametrize("weighted", [False, True])

@@ -18,8 +18,6 @@ Gradients of outputs that do not reach the loss arrive as None (grads are not ma
 and the backward ops skip what nothing needs.
 """
 
-import functools
-
 import torch
 
 from . import _ops
@@ -34,7 +32,9 @@ def _contiguous(grad):
     return None if grad is None else grad.contiguous()
 
 
-def _permute_setup_context(ctx, inputs, output):
+def _permute_setup_context(ctx, inputs, output, needs_input_grad=None):
+    # (needs_input_grad: the flags of ``inputs``, when ctx's cover more arguments)
+    needs_input_grad = needs_input_grad or ctx.needs_input_grad
     hidden_states, *_, do_gather, _, _, _, validate = inputs
     hidden_unzipped, rowmap, _, scale_unzipped, expert_indices = output
     rows_have_gradient = hidden_states.dtype not in FLOAT8  # float8 rows have none
@@ -42,8 +42,8 @@ def _permute_setup_context(ctx, inputs, output):
     no_gradient = (rowmap, scale_unzipped, expert_indices)
     # (one call: each call replaces the set of the previous one)
     ctx.mark_non_differentiable(*no_gradient, *(() if rows_have_gradient else (hidden_unzipped,)))
-    ctx.rows_grad = ctx.needs_input_grad[0] and do_gather and rows_have_gradient
-    ctx.probs_grad = ctx.needs_input_grad[3]
+    ctx.rows_grad = needs_input_grad[0] and do_gather and rows_have_gradient
+    ctx.probs_grad = needs_input_grad[3]
     ctx.validate = validate
     ctx.save_for_backward(rowmap, inputs[2])
 
@@ -65,11 +65,12 @@ def _permute_backward(
     return tuple(grads)
 
 
-def _unpermute_setup_context(ctx, inputs, output):
+def _unpermute_setup_context(ctx, inputs, output, needs_input_grad=None):
+    needs_input_grad = needs_input_grad or ctx.needs_input_grad  # (as for the permute)
     rows, rowmap, routemap, probs, _, _, _, weighted, validate = inputs
     ctx.set_materialize_grads(False)
-    ctx.rows_grad = ctx.needs_input_grad[0]
-    ctx.probs_grad = ctx.needs_input_grad[3]
+    ctx.rows_grad = needs_input_grad[0]
+    ctx.probs_grad = needs_input_grad[3]
     ctx.weighted = weighted
     ctx.validate = validate
     ctx.num_rows = rows.shape[0]
@@ -116,32 +117,45 @@ torch.library.register_autograd(
 )
 
 
-def _eager_function(name, implementation, setup_context, backward, backward_op):
+def _eager_function(name, of_plan, setup_context, backward, backward_op):
     """A ``torch.autograd.Function`` of an op's implementation, its ``setup_context`` and its
-    backward with the backward op's implementation."""
+    backward with the backward op's implementation: ``apply(backend, plan, *inputs)`` with
+    the call's checked plan and the op's arguments.
+
+    Its ``forward`` takes ``ctx`` and runs ``setup_context`` itself: with a separate
+    ``setup_context``, ``Function.apply`` binds the arguments through ``inspect.signature``
+    on every call, which costs more host time than the rest of the call's Python."""
+
+    def forward(ctx, backend, plan, *inputs):
+        output = of_plan(backend, plan, *inputs)
+        setup_context(ctx, inputs, output, ctx.needs_input_grad[2:])
+        return output
+
+    def backward_of_plan(ctx, *grads):
+        return (None, None, *backward(ctx, *grads, backward_op=backward_op))
+
     return type(
         name,
         (torch.autograd.Function,),
         {
             "__doc__": f"{name}: the custom op's functions, without the dispatcher.",
             "__module__": __name__,
-            "forward": staticmethod(implementation),
-            "setup_context": staticmethod(setup_context),
-            "backward": staticmethod(functools.partial(backward, backward_op=backward_op)),
+            "forward": staticmethod(forward),
+            "backward": staticmethod(backward_of_plan),
         },
     )
 
 
 EagerPermute = _eager_function(
     "EagerPermute",
-    _ops.permute_eager,
+    _ops.permute_of_plan,
     _permute_setup_context,
     _permute_backward,
     _ops.permute_backward_eager,
 )
 EagerUnpermute = _eager_function(
     "EagerUnpermute",
-    _ops.unpermute_eager,
+    _ops.unpermute_of_plan,
     _unpermute_setup_context,
     _unpermute_backward,
     _ops.unpermute_backward_eager,

@@ -29,24 +29,24 @@ def _check_all_tensors(arrays):
             )
 
 
-# per op: its implementation, the autograd Function of it, the custom op
-_PERMUTE = (_ops.permute_eager, _autograd.EagerPermute, _ops.permute)
-_UNPERMUTE = (_ops.unpermute_eager, _autograd.EagerUnpermute, _ops.unpermute)
+# how a call runs (see _route)
+_OP, _EAGER, _RECORDED = "op", "eager", "recorded"
 
 
-def _implementation(arrays, differentiable, eager, recorded, op):
-    """The function that runs a call: the custom op ``op`` while something traces it
-    (``torch.compile``, fake or functional tensors); else its own implementation ``eager``,
-    or, when autograd records the call (a differentiable input requires a gradient), the
-    ``torch.autograd.Function`` ``recorded`` made of the same functions. Skipping the
-    dispatcher saves host time on every untraced call, in training and in serving."""
+def _route(arrays, differentiable):
+    """How a call runs: ``_OP``, through the custom op, while something traces it
+    (``torch.compile``, fake or functional tensors); else ``_EAGER``, the op's implementation
+    on the checked plan, or, when autograd records the call (a differentiable input requires
+    a gradient), ``_RECORDED``, a ``torch.autograd.Function`` made of the same functions
+    (:mod:`._autograd`). Skipping the dispatcher saves host time on every untraced call, in
+    training and in serving."""
     if torch.compiler.is_compiling():
-        return op
+        return _OP
     if any(type(x) is not torch.Tensor for x in arrays if x is not None):
-        return op
+        return _OP
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in differentiable):
-        return recorded.apply
-    return eager
+        return _RECORDED
+    return _EAGER
 
 
 def _checked(planned, arrays, *args):
@@ -64,20 +64,18 @@ def moe_permute(arrays, scalars, tokens_per_expert):
     the dict of the other checked arguments by name).
     """
     return_expert_indices = scalars["return_expert_indices"]
-    differentiable = (arrays.hidden_states, arrays.expert_prob_topk)
-    run = _implementation(arrays, differentiable, *_PERMUTE)
-    if run is _ops.permute_eager:  # nothing traces or records the call: run its plan
-        # (every array is a torch.Tensor: _implementation returns the op otherwise)
+    route = _route(arrays, (arrays.hidden_states, arrays.expert_prob_topk))
+    if route == _EAGER:  # (every array is a torch.Tensor: _route gives _OP otherwise)
         backend, plan = _api.planned_permute(arrays, scalars, tokens_per_expert)
         return _ops.permute_planned(backend, plan, arrays, scalars["validate"])
     override_buffer_size = scalars["override_buffer_size"]
     if not torch.compiler.is_compiling():
-        _, plan = _checked(_api.planned_permute, arrays, scalars, tokens_per_expert)
-        if plan.capacities is not None:  # the checked counts, as the ints the schema takes
+        backend, plan = _checked(_api.planned_permute, arrays, scalars, tokens_per_expert)
+        if route == _OP and plan.capacities is not None:  # the checked ints the schema takes
             tokens_per_expert = plan.capacities.tolist()
     if override_buffer_size >= 0:  # ignored by the contract, so kept out of the schema
         tokens_per_expert = None
-    outputs = run(
+    inputs = (
         *arrays,
         scalars["num_experts"],
         tokens_per_expert,
@@ -88,17 +86,23 @@ def moe_permute(arrays, scalars, tokens_per_expert):
         override_buffer_size,
         scalars["validate"],
     )
+    if route == _RECORDED:
+        outputs = _autograd.EagerPermute.apply(backend, plan, *inputs)
+    else:
+        outputs = _ops.permute(*inputs)
     return outputs if return_expert_indices else outputs[:4]
 
 
 def moe_unpermute(arrays, scalars):
     """:func:`moe_numba.moe_unpermute` on torch tensors, through ``moe_numba::unpermute``
     (``arrays`` and ``scalars`` as the CPU and GPU paths check them)."""
-    differentiable = (arrays.hidden_states_unzipped, arrays.token_prob_unzipped)
-    run = _implementation(arrays, differentiable, *_UNPERMUTE)
-    if run is _ops.unpermute_eager:  # nothing traces or records the call: run its plan
-        backend, plan = _api.planned_unpermute(arrays, scalars)  # (tensors only, as above)
+    route = _route(arrays, (arrays.hidden_states_unzipped, arrays.token_prob_unzipped))
+    if route == _EAGER:  # (tensors only, as above)
+        backend, plan = _api.planned_unpermute(arrays, scalars)
         return _ops.unpermute_planned(backend, plan, arrays, scalars["validate"])
-    if not torch.compiler.is_compiling():
-        _checked(_api.planned_unpermute, arrays, scalars)
-    return run(*arrays, *scalars.values())
+    if torch.compiler.is_compiling():
+        return _ops.unpermute(*arrays, *scalars.values())
+    backend, plan = _checked(_api.planned_unpermute, arrays, scalars)
+    if route == _RECORDED:
+        return _autograd.EagerUnpermute.apply(backend, plan, *arrays, *scalars.values())
+    return _ops.unpermute(*arrays, *scalars.values())

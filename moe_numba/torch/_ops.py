@@ -72,9 +72,23 @@ def permute_eager(
     )
     backend, plan = _api.planned_permute(arrays, scalars, tokens_per_expert)
     outputs = permute_planned(backend, plan, arrays, validate)
-    if not return_expert_indices:
-        outputs = (*outputs, hidden_states.new_empty((0,), dtype=torch.int32))
-    return outputs
+    return _with_indices(outputs, return_expert_indices, hidden_states)
+
+
+def permute_of_plan(backend, plan, *inputs):
+    """:func:`permute_eager`'s outputs for ``inputs`` (its arguments), whose checked plan is
+    ``plan``."""
+    *arrays, _, _, _, _, _, return_expert_indices, _, validate = inputs
+    arrays = PermuteArrays(*arrays)
+    outputs = permute_planned(backend, plan, arrays, validate)
+    return _with_indices(outputs, return_expert_indices, arrays.hidden_states)
+
+
+def _with_indices(outputs, return_expert_indices, like):
+    """The op's outputs: ``expert_indices`` always last (empty when not asked for)."""
+    if return_expert_indices:
+        return outputs
+    return (*outputs, like.new_empty((0,), dtype=torch.int32))
 
 
 def permute_planned(backend, plan, arrays, validate):
@@ -179,6 +193,12 @@ def unpermute_eager(
     )
     backend, plan = _api.planned_unpermute(arrays, scalars)
     return unpermute_planned(backend, plan, arrays, validate)
+
+
+def unpermute_of_plan(backend, plan, *inputs):
+    """:func:`unpermute_eager`'s outputs for ``inputs`` (its arguments), whose checked plan
+    is ``plan``."""
+    return unpermute_planned(backend, plan, UnpermuteArrays(*inputs[:4]), inputs[-1])
 
 
 def unpermute_planned(backend, plan, arrays, validate):
