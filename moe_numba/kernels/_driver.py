@@ -5,7 +5,7 @@ Every parameter of this package's kernels is 8 bytes (a ``CPointer`` or an int64
 ``cuLaunchKernelEx`` as its ``extra`` buffer (``CU_LAUNCH_PARAM_BUFFER_POINTER``): one
 ``struct.pack_into`` and one foreign call, where ``cuda.core.launch`` converts and boxes every
 argument on its own. A launch configuration (``CUlaunchConfig`` and its attribute) is built
-once per grid, block, shared memory, stream and dependence, and kept.
+once per grid, block, shared memory, stream and dependence, and kept in a bounded cache.
 
 :func:`driver_launcher` returns None where libcuda cannot be opened with ctypes (then
 :mod:`._launch` uses ``cuda.core``).

@@ -1,4 +1,4 @@
-"""The raw launcher: numba compiles, ``cuda.core.launch`` launches.
+"""The raw launcher: numba compiles, the driver (:mod:`._driver`, or ``cuda.core``) launches.
 
 numba's dispatcher spends far more host time on a launch (argument typing, DLPack exports, a
 context lookup) than the small kernels of a call take on the GPU; a kernel compiled for an
@@ -9,7 +9,9 @@ costs a fraction of that (docs/performance.rst). So every kernel of this package
   :class:`._family.KernelFamily`,
 - compiled once per explicit signature on first use (``dispatcher.compile(sig)``), its
   ``cuda.core`` kernel object cached per device,
-- launched with raw device addresses (Python ints) on the caller's stream.
+- launched with raw device addresses (Python ints) on the caller's stream, through
+  ``cuLaunchKernelEx`` called with ctypes (:mod:`._driver`), or through ``cuda.core.launch``
+  where libcuda cannot be opened that way.
 
 Under the CUDA simulator the same dispatcher is called the normal way with the NumPy arrays
 that back the simulated buffers (``DeviceBuffer.kernel_arg``); the simulator ignores the
