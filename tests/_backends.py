@@ -66,11 +66,14 @@ def simulator_on():
     return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
-def examples(n):
+def examples(n, parts=1):
     """Hypothesis examples for a random test that draws ``n`` on the CPU and on a GPU: a
     third in the simulator's process, whose kernels run every thread in Python (its draws
-    are tiny shapes; the GPU runs draw all ``n`` at real sizes)."""
-    return max(10, n // 3) if simulator_on() else n
+    are tiny shapes; the GPU runs draw all ``n`` at real sizes). ``parts``: the test is
+    parametrized into that many, which share the draws (so that pytest-xdist can spread
+    them, and with them the GPU kernels each part compiles, over its workers)."""
+    total = max(10, n // 3) if simulator_on() else n
+    return max(1, -(-total // parts))
 
 
 def available_backends():

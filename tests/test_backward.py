@@ -49,14 +49,14 @@ CANONICAL_NAN_BITS = {
 
 
 @st.composite
-def gradient_cases(draw, small):
+def gradient_cases(draw, small, dtype):
     return dict(
         num_tokens=draw(st.integers(0, 8 if small else 150)),
         hidden=draw(st.integers(1, 6 if small else 300)),
         num_experts=draw(st.integers(1, 5 if small else 40)),
         topk=draw(st.integers(1, 4 if small else 12)),
         alignment=draw(st.integers(1, 3 if small else 8)),
-        dtype=draw(st.sampled_from(COMBINE_DTYPES)),
+        dtype=dtype,
         routemap_dtype=draw(st.sampled_from([np.int32, np.int64])),
         with_rows=draw(st.booleans()),
         with_probs=draw(st.booleans()),
@@ -79,16 +79,24 @@ def draw_maps(case):
     return rng, rowmap, routemap.astype(case["routemap_dtype"]), r
 
 
-SETTINGS = settings(
-    max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+def _settings(parts):
+    """60 draws in all, shared by the ``parts`` of a test parametrized by dtype (and more)."""
+    return settings(
+        max_examples=examples(60, parts),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 
 
-@SETTINGS
+_DTYPE = pytest.mark.parametrize("dtype", COMBINE_DTYPES, ids=lambda d: np.dtype(d).name)
+
+
+@_DTYPE
+@_settings(len(COMBINE_DTYPES))
 @given(data=st.data())
-def test_permute_backward_random(backend, data):
+def test_permute_backward_random(backend, dtype, data):
     gradient_backend = with_gradients(backend)
-    case = data.draw(gradient_cases(small=gradient_backend.small))
+    case = data.draw(gradient_cases(small=gradient_backend.small, dtype=dtype))
     assume(case["with_rows"] or case["with_probs"])
     rng, rowmap, routemap, r = draw_maps(case)
     grad_rows = (
@@ -100,12 +108,14 @@ def test_permute_backward_random(backend, data):
     )
 
 
-@SETTINGS
-@given(data=st.data(), weighted=st.booleans(), optional_inputs=st.booleans(), column=st.booleans())
-def test_unpermute_backward_random(backend, data, weighted, optional_inputs, column):
+@_DTYPE
+@pytest.mark.parametrize("weighted", [False, True])
+@_settings(2 * len(COMBINE_DTYPES))
+@given(data=st.data(), optional_inputs=st.booleans(), column=st.booleans())
+def test_unpermute_backward_random(backend, dtype, weighted, data, optional_inputs, column):
     """``optional_inputs``: also pass the rows and probabilities where they are not needed."""
     gradient_backend = with_gradients(backend)
-    case = data.draw(gradient_cases(small=gradient_backend.small))
+    case = data.draw(gradient_cases(small=gradient_backend.small, dtype=dtype))
     assume(case["with_rows"] or case["with_probs"])
     rng, rowmap, routemap, r = draw_maps(case)
     t, h, dtype = case["num_tokens"], case["hidden"], case["dtype"]
