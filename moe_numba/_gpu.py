@@ -50,6 +50,7 @@ class _Call:
     def __init__(self, like, empty=None):
         self.like = like
         self.library = array_library(like)
+        self._kind = type(like)
         self.scratch = []  # kept alive until the call returns (allocators are stream-ordered)
         if empty is not None:
             self.empty = empty
@@ -63,9 +64,13 @@ class _Call:
         self.scratch.append(scratch)
         return self.library.buffer(scratch)
 
-    @staticmethod
-    def buffer(x):
-        return None if x is None else array_library(x).buffer(x)
+    def buffer(self, x):
+        if x is None:
+            return None
+        # (arrays of the call's own type are of its library: dispatch has put every array of
+        # the call on the GPU; another type may come from another library)
+        library = self.library if type(x) is self._kind else array_library(x)
+        return library.buffer(x)
 
 
 class _GPUBackend:
