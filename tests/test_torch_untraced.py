@@ -102,3 +102,24 @@ def test_untraced_gradients_equal_the_custom_ops(device, weighted):
 
     for a, b in zip(step(True), step(False), strict=True):
         assert_same_bits(b, a)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tensor_subclasses_go_through_the_custom_op(device, monkeypatch):
+    """A tensor subclass (a Parameter) may carry its own dispatch: such calls run the op."""
+    case = routing(4)
+    x = to_torch(case.pop("hidden_states"), device)
+    routes = to_torch(case.pop("expert_routemap_topk"), device)
+    probs = to_torch(case.pop("expert_prob_topk"), device)
+    counts, num_experts = case["tokens_per_expert"], case["num_experts"]
+    permute = _Counting(_ops.permute)
+    monkeypatch.setattr(_ops, "permute", permute)
+    plain = moe_permute(x, None, routes, probs, num_experts, counts, case["padding_alignment"])
+    assert permute.calls == 0
+    parameter = torch.nn.Parameter(x.clone(), requires_grad=False)
+    through_op = moe_permute(
+        parameter, None, routes, probs, num_experts, counts, case["padding_alignment"]
+    )
+    assert permute.calls == 1
+    for a, b in zip(plain, through_op, strict=True):
+        assert_same_bits(b, a)
