@@ -80,8 +80,8 @@ FP8 = Case(tokens=256, hidden=64, experts=8, topk=2, alignment=16, dtype="fp8")
 
 
 def _gpu_result(case, op, nbytes, gpu, copy_gpu, one_call=50.0, host=30.0):
-    us = dict(gpu=gpu, one_call=one_call, host=host)
-    copy_us = dict(gpu=copy_gpu, one_call=copy_gpu + 5, host=8.0)
+    us = dict(gpu=gpu, one_call=one_call, host=host, host_busy=host - 10)
+    copy_us = dict(gpu=copy_gpu, one_call=copy_gpu + 5, host=8.0, host_busy=6.0)
     return Result(case, op, nbytes, us, copy_us)
 
 
@@ -96,7 +96,7 @@ def _gpu_results():
 
 def test_result_figures():
     r = _gpu_result(BF16, "permute", 2_000_000, gpu=10.0, copy_gpu=8.0)
-    assert r.modes == ("gpu", "one_call", "host")
+    assert r.modes == ("gpu", "one_call", "host", "host_busy")
     assert r.gbps == pytest.approx(200.0)  # 2e6 bytes in 10 us
     assert r.copy_gbps == pytest.approx(250.0)
     assert r.percent == pytest.approx(80.0)
@@ -111,7 +111,7 @@ def test_json_round_trip(tmp_path):
     document = json.loads(path.read_text())
     assert document["format"] == _results.FORMAT
     first = document["results"][0]
-    assert first["us"] == {"gpu": 10.0, "one_call": 50.0, "host": 30.0}
+    assert first["us"] == {"gpu": 10.0, "one_call": 50.0, "host": 30.0, "host_busy": 20.0}
     assert first["copy_us"]["gpu"] == 8.0 and first["percent"] == pytest.approx(80.0)
     backend, loaded = _results.load(path)
     assert backend == "cuda (torch arrays)"
@@ -161,13 +161,20 @@ def test_table_of_gpu_results(capsys):
     assert lines[0].split() == ["operation", "GPU", "us", "GB/s", "%", "copy", "1-call", "us"] + [
         "host",
         "us",
+        "busy",
+        "host",
+        "us",
     ]
     body = [line.split() for line in lines[2:]]
     # a heading per case; the copy above the first result of each byte count
     assert body[0] == BF16.label().split()
-    assert body[1] == ["copy", "(same", "bytes)", "8.0", "250.0", "100.0%", "13.0", "8.0"]
-    assert body[2] == ["permute", "10.0", "200.0", "80.0%", "50.0", "30.0"]
-    assert body[3] == ["permute", "validate=False", "9.0", "222.2", "88.9%", "40.0", "30.0"]
+    assert body[1] == ["copy", "(same", "bytes)", "8.0", "250.0", "100.0%", "13.0", "8.0", "6.0"]
+    assert body[2] == ["permute", "10.0", "200.0", "80.0%", "50.0", "30.0", "20.0"]
+    assert body[3] == [
+        *("permute", "validate=False", "9.0", "222.2", "88.9%", "40.0", "30.0", "20.0")
+    ]
+    # the columns line up under the header
+    assert len({len(line) for line in lines[:2]} | {len(lines[3])}) == 1
     assert body[4][:3] == ["copy", "(same", "bytes)"] and body[5][0] == "unpermute"
     assert body[6] == FP8.label().split() and body[7][0] == "copy" and body[8][0] == "permute"
     assert len(body) == 9
@@ -296,6 +303,18 @@ def test_host_mode_times_the_call_on_an_idle_gpu():
     timer, log = _timer()
     assert timer.host_us(lambda: log.append("call")) > 0
     assert log == ["sync", "call"] * 6 + ["sync"]
+
+
+def test_busy_host_mode_times_calls_enqueued_behind_a_held_stream():
+    timer, log = _timer()
+    assert timer.host_busy_us(lambda: log.append("call")) > 0
+    assert log == ["hold", "call", "call", "call", "release", "sync", "finished"] * 2
+
+
+def test_busy_host_mode_of_a_synchronizing_call_runs_back_to_back_without_the_hold():
+    timer, log = _timer()
+    assert timer.host_busy_us(lambda: log.append("call"), synchronizes=True) > 0
+    assert log == ["call", "call", "call", "sync"] * 2
 
 
 def test_timers_report_every_mode_after_warm_up():

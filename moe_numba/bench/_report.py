@@ -35,8 +35,11 @@ def print_table(results, out=None):
     out = out or sys.stdout  # looked up per call, so redirections of sys.stdout apply
     modes = results[0].modes
     numpy = any(r.numpy_us for r in results)
+    widths = [max(10, len(MODE_TITLES[m]) + 3) for m in modes]  # (a title and " us")
     header = f"{'operation':<{_OP}} {MODE_TITLES[modes[0]] + ' us':>10} {'GB/s':>8} {'% copy':>7}"
-    header += "".join(f" {MODE_TITLES[m] + ' us':>10}" for m in modes[1:])
+    header += "".join(
+        f" {MODE_TITLES[m] + ' us':>{w}}" for m, w in zip(modes[1:], widths[1:], strict=True)
+    )
     header += f" {'vs NumPy':>9}" if numpy else ""
     print(header, file=out)
     print("-" * len(header), file=out)
@@ -48,7 +51,7 @@ def print_table(results, out=None):
         gbps = r.copy_gbps if is_copy else r.gbps
         percent = 100.0 if is_copy else r.percent
         line = f"  {name:<{_OP - 2}} {figures[modes[0]]:10.1f} {gbps:8.1f} {percent:6.1f}%"
-        line += "".join(f" {figures[m]:10.1f}" for m in modes[1:])
+        line += "".join(f" {figures[m]:{w}.1f}" for m, w in zip(modes[1:], widths[1:], strict=True))
         if numpy and not is_copy and r.numpy_us:
             line += f" {r.numpy_us / r.us[modes[0]]:8.1f}x"
         print(line, file=out)

@@ -6,6 +6,8 @@ Times are medians in microseconds per call, by mode:
   enqueued while the stream is held);
 - ``one_call``: one call's latency right after a host sync (event, call, event, sync);
 - ``host``: the host's time for the call to return, the GPU idle (``perf_counter``);
+- ``host_busy``: the host's time per call with work ahead of it on the GPU, as in a training
+  step (back-to-back calls enqueued behind a held stream);
 - ``wall``: on the CPU backend, the wall time per call (it stands in for ``gpu``).
 
 Each result carries the same figures for a copy of the same bytes, measured in the same run
@@ -19,9 +21,15 @@ from dataclasses import asdict, dataclass, fields
 
 from ._cases import Case
 
-CUDA_MODES = ("gpu", "one_call", "host")
+CUDA_MODES = ("gpu", "one_call", "host", "host_busy")
 CPU_MODES = ("wall",)
-MODE_TITLES = {"gpu": "GPU", "one_call": "1-call", "host": "host", "wall": "wall"}
+MODE_TITLES = {
+    "gpu": "GPU",
+    "one_call": "1-call",
+    "host": "host",
+    "host_busy": "busy host",
+    "wall": "wall",
+}
 
 FORMAT = 2  # of the JSON file; files without a "format" field come from the first version
 _CASE_FIELDS = tuple(f.name for f in fields(Case))

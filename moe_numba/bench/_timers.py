@@ -94,6 +94,7 @@ class CudaTimer:
             "gpu": self.gpu_us(fn, synchronizes),
             "one_call": self.one_call_us(fn),
             "host": self.host_us(fn),
+            "host_busy": self.host_busy_us(fn, synchronizes),
         }
 
     def gpu_us(self, fn, synchronizes=False):
@@ -149,4 +150,27 @@ class CudaTimer:
             fn()
             samples.append(time.perf_counter() - start)
         self.cuda.synchronize()
+        return statistics.median(samples) * 1e6
+
+    def host_busy_us(self, fn, synchronizes=False):
+        """Host time per call with the GPU busy: ``batch`` back-to-back calls enqueued behind
+        a held stream, their host time divided by it (a training step's calls find the GPU
+        working on what came before them).
+
+        A call that synchronizes would wait for the held stream, so its batch runs without
+        the hold: each call then finds the previous call's copies still running.
+        """
+        samples = []
+        for _ in range(self.repeat):
+            if not synchronizes:
+                self.hold.start()
+            start = time.perf_counter()
+            for _ in range(self.batch):
+                fn()
+            samples.append((time.perf_counter() - start) / self.batch)
+            if not synchronizes:
+                self.hold.release()
+            self.cuda.synchronize()
+            if not synchronizes:
+                self.hold.finished()
         return statistics.median(samples) * 1e6
