@@ -105,3 +105,29 @@ def test_too_many_parameters_are_refused():
     launch = _driver.DriverLauncher(_FakeCuda())
     with pytest.raises(ValueError, match="at most 64 parameters; got 65"):
         launch(1, launch.config(1, 32, 0, 0, False)[1], (0,) * 65)
+
+
+def test_the_launcher_passes_kernel_geometry_stream_and_dependence(monkeypatch):
+    """``_launch.Launcher`` on the driver path: the kernel's handle for the current device,
+    a configuration with the call's stream, the dependence where the device has it."""
+    from moe_numba.kernels import _launch
+
+    if _launch.SIM:
+        pytest.skip("the simulator calls kernels directly")
+    fake = _FakeCuda(device=2)
+    monkeypatch.setattr(_launch, "_DRIVER", _driver.DriverLauncher(fake))
+    monkeypatch.setattr(_launch, "_GRIDDEP", {2: True})
+
+    class Kernel:
+        def handle(self, device):
+            return 0x5000 + device
+
+    launch = _launch.Launcher(0xABC)
+    assert (launch.device, launch.handle, launch.overlap) == (2, 0xABC, True)
+    launch(Kernel(), (3, 4), 64, (11, 12, 13), shmem=128, dependent=True)
+    launch(Kernel(), 1, 32, (14,))
+    first, second = fake.launches
+    assert first["function"] == 0x5002 and first["stream"] == 0xABC
+    assert (first["grid"], first["block"], first["shmem"]) == ((3, 4, 1), (64, 1, 1), 128)
+    assert first["attrs"] == [(6, 1)] and first["args"] == [11, 12, 13]
+    assert second["attrs"] == [] and second["args"] == [14]  # not dependent: no attribute
