@@ -47,9 +47,8 @@ MAX_ROWS = 2**31 - 1
 ROWMAP_INT32 = "zipped_expertwise_rowmap holds int32 row numbers"
 
 # A training loop repeats the same metadata and often the same capacities: their checks run once.
-_capacity_plans = BoundedCache(
-    256
-)  # (id of a metadata plan, tokens_per_expert) -> (it, plan with rows)
+# (id of a metadata plan, tokens_per_expert) -> (that plan, the plan with rows)
+_capacity_plans = BoundedCache(256)
 
 
 def _names(dtypes):
@@ -233,9 +232,8 @@ def with_capacities(plan, tokens_per_expert):
     if plan.num_rows >= 0:
         return plan
     key = _capacities_key(plan, tokens_per_expert)
+    # (the entry keeps its plan alive, so an entry found by id(plan) is this plan's)
     entry = _capacity_plans.get_or_compute(key, lambda: (plan, _plan_rows(plan, tokens_per_expert)))
-    if entry[0] is not plan:  # (cannot happen while the entry keeps its plan: a safeguard)
-        return _plan_rows(plan, tokens_per_expert)
     return entry[1]
 
 

@@ -25,12 +25,17 @@ class _Counting:
         return self.op(*args)
 
 
+def _tensors(seed, device):
+    """A routing case: its other fields, and its rows, routing map and probabilities as
+    tensors on ``device``."""
+    case = routing(seed)
+    names = ("hidden_states", "expert_routemap_topk", "expert_prob_topk")
+    return (case, *(to_torch(case.pop(name), device) for name in names))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_untraced_calls_skip_the_custom_op(device, monkeypatch):
-    case = routing(3)
-    x = to_torch(case.pop("hidden_states"), device)
-    routes = to_torch(case.pop("expert_routemap_topk"), device)
-    probs = to_torch(case.pop("expert_prob_topk"), device)
+    case, x, routes, probs = _tensors(3, device)
     counts, num_experts = case["tokens_per_expert"], case["num_experts"]
     permute, unpermute = _Counting(_ops.permute), _Counting(_ops.unpermute)
     planned_permute = _Counting(_ops.permute_planned)
@@ -69,10 +74,7 @@ def test_untraced_calls_skip_the_custom_op(device, monkeypatch):
 def test_untraced_gradients_equal_the_custom_ops(device, weighted):
     """The same step through the custom ops (as torch.compile runs them) and without them:
     the outputs and the gradients of the rows and the probabilities are the same bits."""
-    case = routing(3)
-    x = to_torch(case.pop("hidden_states"), device)
-    routes = to_torch(case.pop("expert_routemap_topk"), device)
-    probs = to_torch(case.pop("expert_prob_topk"), device)
+    case, x, routes, probs = _tensors(3, device)
     counts, num_experts = case["tokens_per_expert"], case["num_experts"]
     scalars = (num_experts, counts, case["padding_alignment"], True, False, False, -1, True)
     dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(5)).to(x.dtype).to(device)
@@ -107,10 +109,7 @@ def test_untraced_gradients_equal_the_custom_ops(device, weighted):
 @pytest.mark.parametrize("device", DEVICES)
 def test_tensor_subclasses_go_through_the_custom_op(device, monkeypatch):
     """A tensor subclass (a Parameter) may carry its own dispatch: such calls run the op."""
-    case = routing(4)
-    x = to_torch(case.pop("hidden_states"), device)
-    routes = to_torch(case.pop("expert_routemap_topk"), device)
-    probs = to_torch(case.pop("expert_prob_topk"), device)
+    case, x, routes, probs = _tensors(4, device)
     counts, num_experts = case["tokens_per_expert"], case["num_experts"]
     permute = _Counting(_ops.permute)
     monkeypatch.setattr(_ops, "permute", permute)

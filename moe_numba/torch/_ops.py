@@ -94,12 +94,17 @@ def _with_indices(outputs, return_expert_indices, like):
 def permute_planned(backend, plan, arrays, validate):
     """``moe_permute``'s outputs, as tensors, for a call that
     :func:`moe_numba._api.planned_permute` has checked (``arrays``: the tensors)."""
-    if not _on_cpu(arrays.hidden_states):
-        return _api.run_permute(backend, plan, arrays, validate)
+    return _run_planned(_api.run_permute, backend, plan, arrays, validate)
+
+
+def _run_planned(run, backend, plan, arrays, validate):
+    """``run(backend, plan, arrays, validate[, empty])`` (an op of :mod:`moe_numba._api` on a
+    checked plan) on tensors: CUDA tensors as they are; CPU tensors as NumPy views, the
+    outputs allocated by torch. ``arrays``' first tensor decides the device."""
+    if not _on_cpu(arrays[0]):
+        return tuple(run(backend, plan, arrays, validate))
     allocate = TorchAllocator()
-    outputs = _api.run_permute(
-        backend, plan, arrays._make(map(to_numpy, arrays)), validate, allocate
-    )
+    outputs = run(backend, plan, arrays._make(map(to_numpy, arrays)), validate, allocate)
     return tuple(map(allocate.tensor, outputs))
 
 
@@ -204,13 +209,7 @@ def unpermute_of_plan(backend, plan, *inputs):
 def unpermute_planned(backend, plan, arrays, validate):
     """``moe_unpermute``'s outputs, as tensors, for a call that
     :func:`moe_numba._api.planned_unpermute` has checked (``arrays``: the tensors)."""
-    if not _on_cpu(arrays.hidden_states_unzipped):
-        return tuple(_api.run_unpermute(backend, plan, arrays, validate))
-    allocate = TorchAllocator()
-    outputs = _api.run_unpermute(
-        backend, plan, arrays._make(map(to_numpy, arrays)), validate, allocate
-    )
-    return tuple(map(allocate.tensor, outputs))
+    return _run_planned(_api.run_unpermute, backend, plan, arrays, validate)
 
 
 unpermute = torch.library.custom_op("moe_numba::unpermute", mutates_args=())(unpermute_eager)
