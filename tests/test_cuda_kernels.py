@@ -306,6 +306,29 @@ def test_permute_padding_chunks_span_many_experts(extra):
     run_permute(hidden, None, rm, probs, E, None, 2, override=40)
 
 
+@pytest.mark.parametrize("token_warps", [60, 4096], ids=["2parts", "4parts"])
+def test_permute_rows_split_into_parts(monkeypatch, token_warps):
+    """Small calls split rows among warps: bf16 rows of 25 4-byte words in parts of 8 words
+    (2 lanes' worth) whose last part is one word, or in 2 parts; part 0 writes the rowmap,
+    probs, indices and scale rows; padding chunks of 1 row (3 // parts) or 3, malformed
+    routing, dropped tokens and capacity without tokens."""
+    monkeypatch.setattr(PM, "PART_BATCH", 1)
+    monkeypatch.setattr(PM, "TOKEN_WARPS", token_warps)
+    rng = np.random.default_rng(12)
+    T, K, E, H, A = 30, 3, 7, 50, 4
+    assert PM._row_parts(T, H // 2) == ((4, 8) if token_warps == 4096 else (2, 16))
+    rm = random_routemap(rng, T, K, E, np.int64)
+    rm[4, 1] = 70  # bad id
+    probs = rng.random((T, K), dtype=np.float32)
+    hidden = rng.standard_normal((T, H)).astype(ml_dtypes.bfloat16)
+    scale = rng.random((T, 5), dtype=np.float32)
+    tpe = counts_of(rm, E)
+    tpe[2] += 9
+    tpe[5] = max(0, tpe[5] - 2)
+    run_permute(hidden, scale, rm, probs, E, tpe, A)
+    run_permute(hidden, scale, rm, probs, E, None, A, override=50)
+
+
 def test_permute_empty_routing_and_zero_tokens():
     rng = np.random.default_rng(7)
     rm = np.full((9, 2), -1, np.int32)

@@ -3,14 +3,20 @@
 Warps are workers that take items in grid stride: first the padding workers (so that they
 overlap the copies), then the tokens::
 
-    item  0 .. npw - 1      padding worker p: chunks p, p + npw, ... of PAD_ROWS rows of the
-                            sequence of all padding rows (expert 0's, then expert 1's, ...);
-                            finds a chunk's first expert (a LANES-ary search of padbase), a
-                            lane per expert lists the chunk's rows, the warp zeroes them
-    item  npw + t           token t: loads its hidden row (up to 28 * 32 16-byte words, into
-                            registers) and the first LANES words of its scale row, places
-                            its slots (:func:`place`: a lane per slot), then stores the row
-                            to each of its rows
+    item  0 .. npw - 1      padding worker p = q * nparts + part: chunks q, q + npw / nparts,
+                            ... of ``pad_rows`` rows of the sequence of all padding rows
+                            (expert 0's, then expert 1's, ...); finds a chunk's first expert
+                            (a LANES-ary search of padbase), a lane per expert lists the
+                            chunk's rows, the warp zeroes its part of them
+    item  npw + j           token t = j / nparts, part j % nparts: loads that part of its
+                            hidden row (up to 28 * 32 16-byte words, into registers) and
+                            (part 0) the first LANES words of its scale row, places its slots
+                            (:func:`place`: a lane per slot), then stores the part to each
+                            of its rows
+
+A row's part is ``pw`` words (the last one what is left); part 0's warp writes everything
+else (rowmap, probs, expert indices, scale rows). One part per row is the rule; small calls
+split rows so that enough warps share the copy (:mod:`.permute` decides).
 
 ``place``: slot g of token t (count chunk c) goes to row ``offsets[e] + counts[c, e] +
 slot_rank[g]`` of its expert e (the chunk's base rank from the scan, the slot's rank from
@@ -39,7 +45,7 @@ from ._primitives import last_at_most
 LANES = 32  # threads of a gather worker: a warp (the simulator's tests shrink it)
 WARPS = min(4, SYNCWARP_WARPS)  # gather workers per block
 BATCH_WORDS = (4, 8, 16, 28)  # hidden words a gather thread may hold at once (rising)
-PAD_ROWS = 32  # rows of a padding worker's chunk (at most LANES)
+PAD_ROWS = 32  # rows of a padding chunk when rows are not split (at most LANES)
 
 
 class GatherKey(NamedTuple):
@@ -88,6 +94,9 @@ def _gather_params(key):
         ("snw", INT),  # scale words per row
         ("has_indices", INT),
         ("ct", INT),  # tokens per count chunk
+        ("nparts", INT),  # parts of a row (warps that share its copy)
+        ("pw", INT),  # hidden words of a part (the last part: what is left)
+        ("pad_rows", INT),  # rows of a padding chunk (at most LANES)
     ]
 
 
@@ -107,10 +116,11 @@ def place(
     out_indices,
     E,
     has_indices,
+    writes,
 ):
     """The row of routing slot ``g`` (of token ``t``, in count chunk ``chunk``), or -1 if
-    it has none; writes the token's rowmap entry for the slot's expert, the row's prob and
-    expert index."""
+    it has none; with ``writes``, writes the token's rowmap entry for the slot's expert, the
+    row's prob and expert index."""
     d = int64(-1)
     rank = slot_rank[g]
     e = int64(routemap[g])  # (loaded with the rank, not after it)
@@ -120,6 +130,8 @@ def place(
         row = offsets[e] + counts[chunk * E + e] + rank
         if row < lim[e]:
             d = row
+            if not writes:
+                return d
             rowmap[t * E + e] = row
             out_probs[row] = probs[g]
             if has_indices != 0:
@@ -170,6 +182,9 @@ def _make_gather(key):
         snw,
         has_indices,
         ct,
+        nparts,
+        pw,
+        pad_rows,
     ):
         dest = cuda.shared.array((WARPS, LANES), int64)  # a warp's rows: a token's, or padding
         box = cuda.shared.array(WARPS, int64)  # a warp's word for last_at_most
@@ -181,17 +196,22 @@ def _make_gather(key):
         wb = int64(cuda.threadIdx.x) // LANES
         item = int64(cuda.blockIdx.x) * WARPS + wb
         stride = int64(cuda.gridDim.x) * WARPS
-        while item < npw + T:
+        while item < npw + T * nparts:
             if item >= npw:
-                t = item - npw
+                t = (item - npw) // nparts
+                part = item - npw - t * nparts
+                lead = part == 0  # (writes all but the rest of the hidden row)
                 chunk = t // ct
-                src = t * hnw
-                if hnw > 0:
-                    load(hidden, src, lane, hnw, LANES, lo, hi)
-                if snw > 0:  # the first LANES words of the scale row, with the hidden row
+                w0 = part * pw
+                nw = min(pw, hnw - w0)  # the part's hidden words
+                src = t * hnw + w0
+                if nw > 0:
+                    load(hidden, src, lane, nw, LANES, lo, hi)
+                if lead and snw > 0:  # the first LANES words of the scale row, early
                     load_s(scale, t * snw, lane, snw, LANES, slo, shi)
-                for e in range(lane, E, LANES):  # the token's rowmap row: -1, then its rows
-                    rowmap[t * E + e] = -1
+                if lead:
+                    for e in range(lane, E, LANES):  # the token's rowmap row: -1, then rows
+                        rowmap[t * E + e] = -1
                 griddep_wait()  # (the scan's offsets and limits)
                 syncwarp()
                 for kb in range(0, K, LANES):
@@ -213,41 +233,49 @@ def _make_gather(key):
                             out_indices,
                             E,
                             has_indices,
+                            lead,
                         )
                     dest[wb, lane] = d
                     syncwarp()
-                    if hnw > 0:
+                    if nw > 0:
                         if kb > 0:
-                            load(hidden, src, lane, hnw, LANES, lo, hi)
+                            load(hidden, src, lane, nw, LANES, lo, hi)
                         w = lane
                         while True:
                             for j in range(nk):
                                 d = dest[wb, j]
                                 if d >= 0:
-                                    store(out_hidden, d * hnw, w, hnw, LANES, lo, hi)
+                                    store(out_hidden, d * hnw + w0, w, nw, LANES, lo, hi)
                             w += nb * LANES
-                            if w >= hnw:
+                            if w >= nw:
                                 break
-                            load(hidden, src, w, hnw, LANES, lo, hi)
-                    if lane < snw:
-                        for j in range(nk):
-                            d = dest[wb, j]
-                            if d >= 0:
-                                store_s(out_scale, d * snw, lane, snw, LANES, slo, shi)
-                    for w in range(lane + LANES, snw, LANES):  # (the rest of a long row)
-                        x = lds(scale, t * snw + w)
-                        for j in range(nk):
-                            d = dest[wb, j]
-                            if d >= 0:
-                                sts(out_scale, d * snw + w, x)
+                            load(hidden, src, w, nw, LANES, lo, hi)
+                    if lead:
+                        if lane < snw:
+                            for j in range(nk):
+                                d = dest[wb, j]
+                                if d >= 0:
+                                    store_s(out_scale, d * snw, lane, snw, LANES, slo, shi)
+                        for w in range(lane + LANES, snw, LANES):  # (the rest of a long row)
+                            x = lds(scale, t * snw + w)
+                            for j in range(nk):
+                                d = dest[wb, j]
+                                if d >= 0:
+                                    sts(out_scale, d * snw + w, x)
                     syncwarp()  # (dest is rewritten next)
             else:
-                # a padding worker: chunks of PAD_ROWS rows of the sequence of all padding
-                # rows (expert 0's, then expert 1's, ...), every npw-th chunk from its own
+                # a padding worker: its part of chunks of pad_rows rows of the sequence of
+                # all padding rows (expert 0's, then expert 1's, ...), every
+                # (npw / nparts)-th chunk from its own
+                q = item // nparts
+                part = item - q * nparts
+                lead = part == 0
+                w0 = part * pw
+                w1 = min(w0 + pw, hnw)
                 griddep_wait()  # (the scan's limits and padding bases)
-                p0 = item * PAD_ROWS
+                p0 = q * pad_rows
                 while p0 < padbase[E]:
-                    n = min(PAD_ROWS, padbase[E] - p0)
+                    n = min(pad_rows, padbase[E] - p0)
                     # a lane per expert, from the one that holds padding row p0: the rows
                     # of its padding in the chunk
                     eb = last_at_most(padbase, E, p0, lane, LANES, box, wb)
@@ -261,19 +289,20 @@ def _make_gather(key):
                         if eb >= E or padbase[eb] >= p0 + n:
                             break
                     syncwarp()
-                    if lane < n:
+                    if lead and lane < n:
                         r = dest[wb, lane]
                         out_probs[r] = 0
                         if has_indices != 0:
                             out_indices[r] = -1
                     for i in range(n):
                         r = dest[wb, i]
-                        for w in range(lane, hnw, LANES):
+                        for w in range(w0 + lane, w1, LANES):
                             stzh(out_hidden, r * hnw + w)
-                        for w in range(lane, snw, LANES):
-                            stzs(out_scale, r * snw + w)
+                        if lead:
+                            for w in range(lane, snw, LANES):
+                                stzs(out_scale, r * snw + w)
                     syncwarp()  # (dest is rewritten next)
-                    p0 += npw * PAD_ROWS
+                    p0 += (npw // nparts) * pad_rows
             item += stride
 
     return gather

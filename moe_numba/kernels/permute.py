@@ -7,7 +7,7 @@
     scan         .scan         expert tiles (1 when T = 0)   SCAN_BD          always
     count_scan   .scan         1                             COUNT_BD         instead of both
                                                                               for small calls
-    gather       .gather       (npw + T) / WARPS workers     WARPS * LANES    npw + T > 0
+    gather       .gather       (npw + T * parts) / WARPS     WARPS * LANES    there are items
 
 ``count_scan`` runs for ``validate=False`` calls of one chunk and one expert tile (one
 launch fewer where host time decides); with ``validate=True`` the host waits for the scan,
@@ -48,8 +48,10 @@ FAMILIES = (COUNT, SCAN, COUNT_SCAN, GATHER)
 COUNT_BD = 256  # threads of a count (and count_scan) block
 SCAN_BD = 256  # threads of a scan block
 GATHER_BLOCKS = 1 << 30  # most gather blocks (workers then take several items)
-PAD_WORKERS = 256  # fewest padding workers (when there are as many chunks of rows)
+PAD_WORKERS = 256  # fewest padding chunks in flight (when there are as many chunks of rows)
 NC_TARGET = 128  # count chunks to aim for
+TOKEN_WARPS = 4096  # token warps that keep the GPU's stores busy: fewer tokens split rows
+PART_BATCH = 4  # fewest hidden words per lane in a part of a split row
 
 _I64, _I32 = np.dtype(np.int64), np.dtype(np.int32)
 # the scratch arrays, in the order of one allocation (see the module docstring)
@@ -89,19 +91,35 @@ class _Launches(NamedTuple):
     gather_block: int
     values: dict  # the kernels' scalar arguments (all that the key decides), by name:
     # T, K, E, R, NC (count chunks), ct (tokens per chunk), ex_dim (experts per scan block
-    # tile), npw (padding workers), hnw, snw (hidden and scale words per row), A,
+    # tile), npw (padding workers), nparts, pw (parts of a row, hidden words of a part),
+    # pad_rows (rows of a padding chunk), hnw, snw (hidden and scale words per row), A,
     # override, want_status, has_indices (0 or 1)
 
 
 _LAUNCHES = BoundedCache(1024)  # token counts vary between calls
 
 
-def _padding_workers(R, slots):
-    """Warps that zero the padding rows: a chunk of PAD_ROWS rows each for the padding there
-    would be if every routing slot counted (``R - slots`` rows), and at least PAD_WORKERS
-    (there is more padding when slots are empty), but no more than R's chunks."""
-    chunks = -(-R // gather.PAD_ROWS)
-    return min(chunks, max(PAD_WORKERS, -(-max(R - slots, 0) // gather.PAD_ROWS)))
+def _row_parts(T, hnw):
+    """(parts, words per part) of a hidden row of ``hnw`` words: one part when there are
+    TOKEN_WARPS tokens or more; else enough parts for about that many token warps, each of
+    at least PART_BATCH words per lane (a warp that copies a whole row stores only a few
+    rows' bytes at a time, too few in flight for a small call)."""
+    most = hnw // (PART_BATCH * gather.LANES)
+    parts = max(1, min(most, -(-TOKEN_WARPS // max(T, 1))))
+    if parts == 1:
+        return 1, hnw
+    words = -(-hnw // parts)
+    words = -(-words // gather.LANES) * gather.LANES  # (parts start on a whole warp's words)
+    return -(-hnw // words), words
+
+
+def _padding_workers(R, slots, pad_rows, parts):
+    """Warps that zero the padding rows: ``parts`` per chunk of ``pad_rows`` rows, for the
+    padding there would be if every routing slot counted (``R - slots`` rows), and for at
+    least PAD_WORKERS chunks (there is more padding when slots are empty), but no more than
+    R's chunks."""
+    chunks = -(-R // pad_rows)
+    return parts * min(chunks, max(PAD_WORKERS, -(-max(R - slots, 0) // pad_rows)))
 
 
 def _chunk_tokens(T, K):
@@ -117,7 +135,8 @@ def _chunk_tokens(T, K):
 
 def _batch_words(hw, hnw):
     """Hidden words a gather thread holds at once: the fewest of BATCH_WORDS that take the
-    whole row (16-byte words; narrower words come from odd rows: the smallest batch)."""
+    whole row part of ``hnw`` words (16-byte words; narrower words come from odd rows: the
+    smallest batch)."""
     if hw != 16:
         return gather.BATCH_WORDS[0]
     for nb in gather.BATCH_WORDS:
@@ -146,11 +165,13 @@ def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, in
         ex_dim = max(1, SCAN_BD // 32) if T > 0 else SCAN_BD
         scan_kernel, scan_block = SCAN.get(key), SCAN_BD
         scan_grid = -(-E // ex_dim) if T > 0 else 1
-    npw = _padding_workers(R, T * K)
-    items = npw + T
+    parts, pw = _row_parts(T, hnw)
+    pad_rows = max(1, gather.PAD_ROWS // parts)
+    npw = _padding_workers(R, T * K, pad_rows, parts)
+    items = npw + T * parts
     gather_kernel = None
     if items > 0:
-        gather_kernel = GATHER.get(GatherKey(hw, sw, _batch_words(hw, hnw), bits))
+        gather_kernel = GATHER.get(GatherKey(hw, sw, _batch_words(hw, pw), bits))
     return _Launches(
         one_block=one_block,
         scratch=scratch,
@@ -172,6 +193,9 @@ def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, in
             ct=ct,
             ex_dim=ex_dim,
             npw=npw,
+            nparts=parts,
+            pw=pw,
+            pad_rows=pad_rows,
             hnw=hnw,
             snw=snw,
             A=A,
