@@ -37,6 +37,8 @@ from moe_numba import (
     moe_unpermute,
     moe_unpermute_backward,
 )
+from moe_numba._cache import BoundedCache
+from moe_numba.kernels import unpermute as UP
 
 CANONICAL_NAN_BITS = {
     np.dtype(np.float32): 0x7FC00000,
@@ -175,6 +177,20 @@ def test_edge_shapes(
         check_unpermute_backward(
             backend, dy, g, xu, rowmap, routemap, p, weighted=weighted, num_rows=r
         )
+
+
+def test_permute_backward_rows_split_into_parts(backend, monkeypatch):
+    """The GPU's combine splits a small call's rows among blocks (parts of 2 words here; the
+    CPU backend has no parts): each part folds its words, part 0 writes the counted-slot
+    probabilities, repeated experts included."""
+    monkeypatch.setattr(UP, "PART_WORDS", 2)
+    monkeypatch.setattr(UP, "_LAUNCHES", BoundedCache(64))
+    backend = with_gradients(backend)
+    rng = np.random.default_rng(3)
+    routemap, rowmap, r = routed(rng, 5, 3, 6, 2, repeats=0.3)
+    for dtype, hidden in ((ml_dtypes.bfloat16, 40), (np.float32, 7)):
+        grad_rows = random_values(rng, (r, hidden), dtype)
+        check_permute_backward(backend, grad_rows, random_probs(rng, (r,)), rowmap, routemap)
 
 
 def test_token_with_more_rows_than_lanes(backend):

@@ -453,6 +453,26 @@ def test_unpermute_special_values(dtype):
     run_unpermute(rows, rowmap, rm, probs, E, False, False)
 
 
+@pytest.mark.parametrize("lmax", [256, 4], ids=["list", "list_overflow"])
+@pytest.mark.parametrize(
+    "dtype,H", [(ml_dtypes.bfloat16, 40), (np.float32, 7)], ids=["bf16", "f32"]
+)
+def test_unpermute_rows_split_into_parts(monkeypatch, dtype, H, lmax):
+    """Small calls split rows among blocks: 5 16-byte words in parts of 3 and 2, or 7 4-byte
+    words in parts of 3, 3 and 1; part 0 writes the slot probabilities. With a list of 4
+    rows, tokens with more walk their rowmap row, part by part too."""
+    monkeypatch.setattr(UP, "PART_WORDS", 2)
+    monkeypatch.setattr(combine, "LMAX", lmax)
+    rng = np.random.default_rng(50 + H)
+    T, K, E, R = 7, 6, 8, 40
+    words = H * np.dtype(dtype).itemsize // (16 if H == 40 else 4)
+    assert UP._row_parts(T, words) == ((2, 3) if H == 40 else (3, 3))
+    rows, rowmap, rm, probs = unzipped(rng, T, K, E, R, dtype, H)
+    for weighted in (False, True):
+        run_unpermute(rows, rowmap, rm, probs, E, weighted, True)
+    run_unpermute(rows, rowmap, rm, probs, E, True, False)
+
+
 def test_unpermute_malformed_and_list_overflow(monkeypatch):
     monkeypatch.setattr(combine, "LMAX", 4)  # tokens with > 4 valid rows walk the rowmap instead
     rng = np.random.default_rng(40)

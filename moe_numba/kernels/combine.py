@@ -1,6 +1,7 @@
 """moe_unpermute's combine stage: each token's rows, folded in ascending expert order.
 
-One block per token; each thread owns whole column words of the output row::
+A block per token and part of its row (small calls split rows so that enough blocks share
+the loads; one part otherwise); each thread owns whole column words of the part::
 
     rowmap[t, :]    thread i takes experts [i * G, (i + 1) * G); valid rows (0 <= r < R)
         |           counted (four loads in flight), placed by one block scan
@@ -124,6 +125,7 @@ def _combine_params(key):
         ("E", INT),
         ("K", INT),
         ("nw", INT),  # words per row
+        ("pw", INT),  # words per part of a row (blockIdx.y: the part; the last: what is left)
         ("first", INT),  # 1: the call's first kernel (it waits for the caller's)
     ]
 
@@ -285,7 +287,7 @@ def _make_combine(key):
                 a = round_trip(a)
             acc[i] = a
 
-    def combine(rows, rowmap, routemap, probs, out, out_probs, R, E, K, nw, first):
+    def combine(rows, rowmap, routemap, probs, out, out_probs, R, E, K, nw, pw, first):
         if first != 0:
             griddep_wait()  # (the caller's kernels; after check it needs nothing of check's)
         lst_row = cuda.shared.array(LMAX, int32)
@@ -293,6 +295,8 @@ def _make_combine(key):
         tid = int64(cuda.threadIdx.x)
         bd = int64(cuda.blockDim.x)
         t = int64(cuda.blockIdx.x)
+        w0 = int64(cuda.blockIdx.y) * pw  # the part's words: w0 .. w1 - 1
+        w1 = min(nw, w0 + pw)
 
         # 1) the token's valid rows, ascending expert id. Thread tid owns experts
         # [tid * G, tid * G + G): it counts its valid rows (four loads in flight), one block
@@ -326,8 +330,8 @@ def _make_combine(key):
             lst_row[q] = 0
             q += 1
 
-        # 2) expert_prob_topk (the slot probabilities, a copy of each row's)
-        if SLOTS != NO_SLOTS:
+        # 2) expert_prob_topk (the slot probabilities, a copy of each row's; by part 0)
+        if SLOTS != NO_SLOTS and w0 == 0:
             k = tid
             while k < K:
                 g = t * K + k
@@ -350,7 +354,7 @@ def _make_combine(key):
         acc = cuda.local.array(NL, float32)
         ob = t * nw
         if n <= LMAX:
-            for w in range(tid, nw, bd):
+            for w in range(w0 + tid, w1, bd):
                 for i in range(NL):
                     acc[i] = float32(0)
                 j = 0
@@ -383,7 +387,7 @@ def _make_combine(key):
                     j += 1
                 st(out, ob + w, pack(acc))
         else:
-            for w in range(tid, nw, bd):
+            for w in range(w0 + tid, w1, bd):
                 for i in range(NL):
                     acc[i] = float32(0)
                 for e in range(E):

@@ -6,8 +6,8 @@
     init      .check     1                          32                         validate
     check     .check     (T * max(E, K)) / CHECK_BD CHECK_BD                   validate
                          at most CHECK_BLOCKS
-    combine   .combine   T (a block per token)      MIN_BD .. COMBINE_BD, by   T > 0
-                                                    the words of a row
+    combine   .combine   (T, parts of a row): a     MIN_BD .. COMBINE_BD, by   T > 0
+                         block per token and part   the words of a part
 
 The call's first kernel (init, or the combine when ``validate=False``) is launched as a
 programmatic dependent of the caller's kernel ahead of it and waits for it first thing, so
@@ -47,6 +47,8 @@ FAMILIES = (INIT, CHECK, COMBINE)
 
 COMBINE_BD = 128  # most threads of a combine block
 MIN_BD = 32  # fewest threads of a combine block (a warp)
+TOKEN_BLOCKS = 1024  # combine blocks that keep the GPU's loads busy: fewer tokens split rows
+PART_WORDS = 128  # fewest words in a part of a split row
 CHECK_BD = 256  # threads of a check block
 CHECK_BLOCKS = 1024  # most check blocks (each thread then reads a few entries)
 
@@ -82,10 +84,21 @@ class _Launches(NamedTuple):
     checks: Checks | None  # with validate
     combine: RawKernel | None
     combine_block: int
+    combine_grid: tuple  # (T, parts of a row)
     nw: int  # words per row
+    pw: int  # words per part of a row
 
 
 _LAUNCHES = BoundedCache(1024)  # token counts vary between calls
+
+
+def _row_parts(T, words):
+    """(parts, words per part) of a combine's row of ``words`` words: one part when there are
+    TOKEN_BLOCKS tokens or more; else enough parts for about that many blocks, each of at
+    least PART_WORDS words (a block per token of a small call has too few loads in flight)."""
+    parts = max(1, min(words // PART_WORDS, -(-TOKEN_BLOCKS // max(T, 1))))
+    per = -(-words // parts)
+    return -(-words // per) if words else 1, per
 
 
 def _combine_block(words):
@@ -124,7 +137,8 @@ def _plan_launches(T, E, K, H, width, data_type, weighted, mix, bits, validate, 
             combine = COMBINE.get(CombineKey(width, data_type, weighted, mix, bits))
         else:
             combine = COMBINE_COUNTED.get(CountedKey(width, data_type, slots, bits))
-    return _Launches(checks, combine, _combine_block(nw), nw)
+    parts, pw = _row_parts(T, nw)
+    return _Launches(checks, combine, _combine_block(pw), (T, parts), nw, pw)
 
 
 def run(plan, buffers, validate, alloc, stream, slots=SLOT_PROBS):
@@ -184,6 +198,7 @@ def run(plan, buffers, validate, alloc, stream, slots=SLOT_PROBS):
         E=E,
         K=K,
         nw=go.nw,
+        pw=go.pw,
         first=0 if validate else 1,
     )
     status = None
@@ -191,5 +206,5 @@ def run(plan, buffers, validate, alloc, stream, slots=SLOT_PROBS):
         status = launch_checks(launch, go.checks, values, alloc, _abi.UNPERMUTE_STATUS_LEN)
         status.written()
     if go.combine is not None:  # (COMBINE_COUNTED's variants take the same parameters)
-        launch(go.combine, T, go.combine_block, COMBINE.args(values), dependent=True)
+        launch(go.combine, go.combine_grid, go.combine_block, COMBINE.args(values), dependent=True)
     return status
