@@ -288,6 +288,24 @@ def test_permute_one_block_and_chunked(T):
     assert status[_abi.PERMUTE_ROWS_NEEDED] > 5
 
 
+def test_permute_one_block_only_for_few_slots(monkeypatch):
+    """count_scan takes validate=False calls of one chunk up to ONE_BLOCK_SLOTS slots; more
+    slots (or validate) count in chunks."""
+    monkeypatch.setattr(PM, "ONE_BLOCK_SLOTS", 64)
+
+    def one_block(T, K, validate=False):
+        return PM._plan_launches(
+            T, K, 4, T * K, 4, 2, 4, 0, 32, validate, 1, False, False
+        ).one_block
+
+    assert one_block(32, 2) and not one_block(32, 3) and not one_block(32, 2, validate=True)
+    rng = np.random.default_rng(13)
+    rm = random_routemap(rng, 32, 3, 4)
+    hidden = rng.standard_normal((32, 3)).astype(np.float32)
+    probs = rng.random((32, 3), dtype=np.float32)
+    run_permute(hidden, None, rm, probs, 4, counts_of(rm, 4), 2)
+
+
 @pytest.mark.parametrize("extra", [0, 1, 2])
 def test_permute_padding_chunks_span_many_experts(extra):
     """Runs of empty experts: a chunk of padding (3 rows) meets more experts than a warp (4

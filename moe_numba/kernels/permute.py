@@ -9,10 +9,11 @@
                                                                               for small calls
     gather       .gather       (npw + T * parts) / WARPS     WARPS * LANES    there are items
 
-``count_scan`` runs for ``validate=False`` calls of one chunk and one expert tile (one
-launch fewer where host time decides); with ``validate=True`` the host waits for the scan,
-which chunked counting finishes sooner. Nothing is synchronised: with ``validate=True`` the
-host waits for an event recorded after the scan (:mod:`._status`). Every kernel is launched
+``count_scan`` runs for ``validate=False`` calls of one chunk and one expert tile and at
+most ONE_BLOCK_SLOTS routing slots (one launch fewer); with ``validate=True`` the host waits
+for the scan, which chunked counting finishes sooner, and so it does for more slots.
+Nothing is synchronised: with ``validate=True`` the host waits for an event recorded after
+the scan (:mod:`._status`). Every kernel is launched
 as a programmatic dependent (:func:`._intrinsics.griddep_wait`): count waits first thing,
 for the caller's kernels, so its launch overlaps their end; the gather starts during the
 count and loads its first rows then.
@@ -50,6 +51,7 @@ SCAN_BD = 256  # threads of a scan block
 GATHER_BLOCKS = 1 << 30  # most gather blocks (workers then take several items)
 PAD_WORKERS = 256  # fewest padding chunks in flight (when there are as many chunks of rows)
 NC_TARGET = 128  # count chunks to aim for
+ONE_BLOCK_SLOTS = 1024  # most routing slots of a count_scan call
 TOKEN_WARPS = 4096  # token warps that keep the GPU's stores busy: fewer tokens split rows
 PART_BATCH = 4  # fewest hidden words per lane in a part of a split row
 
@@ -147,7 +149,10 @@ def _batch_words(hw, hnw):
 
 def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, indices):
     """The call's geometry, scratch layout and kernels (see the module docstring)."""
-    one_block = not validate and 0 < T <= count.CT and E <= count.ETILE
+    # one block is one launch fewer, but its threads take 4 slots each at this bound, and
+    # past it the chunks' parallel count finishes sooner than the saved launch
+    one_block = not validate and 0 < T <= count.CT and T * K <= ONE_BLOCK_SLOTS
+    one_block = one_block and E <= count.ETILE
     ct = T if one_block else _chunk_tokens(T, K)
     nc = -(-T // ct)
     scratch = ((1, _I64), (E, _I64), (E, _I64), (E + 1, _I64), (E, _I64), (2 * max(nc, 1), _I64))
