@@ -9,9 +9,10 @@ import pytest
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
 
-@pytest.mark.parametrize("name", ["host_time", "sanitize"])
-def test_tool_imports(name):
+@pytest.mark.parametrize("name", ["after_sync", "host_time", "sanitize", "split_rows"])
+def test_tool_imports(name, monkeypatch):
     pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(TOOLS))  # (as ``python tools/NAME.py`` has it)
     spec = importlib.util.spec_from_file_location(f"tools_{name}", TOOLS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # (their work is under main(), not at import)

@@ -200,7 +200,7 @@ def _make_gather(key):
             if item >= npw:
                 t = (item - npw) // nparts
                 part = item - npw - t * nparts
-                lead = part == 0  # (writes all but the rest of the hidden row)
+                lead = part == 0  # (writes the rowmap, probs, indices and scale rows)
                 chunk = t // ct
                 w0 = part * pw
                 nw = min(pw, hnw - w0)  # the part's hidden words

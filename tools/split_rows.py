@@ -1,0 +1,133 @@
+"""GPU time of small calls against the row splits and the one-block count (docs/
+performance.rst, "Small calls on the GPU: rows split among warps and blocks").
+
+Run on a machine with a GPU and torch::
+
+    python tools/split_rows.py
+
+bf16, H = 7168, K = 8, E = 64, ``validate=False``; µs per call of 50 back-to-back calls behind
+a held stream (CUDA events, the best of 5). Each setting's outputs are compared bit for bit
+with the first setting's ("DIFF" marks a mismatch). The settings are module constants of the
+kernels' host side, set here and restored after.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import moe_numba
+from moe_numba._cache import BoundedCache
+from moe_numba.kernels import permute as PM
+from moe_numba.kernels import unpermute as UP
+
+DEVICE = torch.device("cuda", 0)
+H, K, E = 7168, 8, 64
+
+
+def gpu_us(fn, n=50, rounds=5):
+    """µs of GPU time per call of ``fn`` (see the module docstring)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(2e9 * n * 200e-6))
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3 / n)
+    return best
+
+
+def _bits(t):
+    return t.view(torch.int16) if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
+def same(a, b):
+    """Whether two tuples of outputs hold the same bits."""
+    return all(
+        (x is None and y is None) or torch.equal(_bits(x), _bits(y))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def calls(T, A):
+    """The permute, weighted unpermute and permute backward of one shape."""
+    g = torch.Generator(device=DEVICE).manual_seed(T)
+    routes = torch.topk(torch.rand(T, E, device=DEVICE, generator=g), K, dim=1).indices.int()
+    probs = torch.softmax(torch.rand(T, K, device=DEVICE, generator=g), 1)
+    x = torch.randn(T, H, device=DEVICE, generator=g).bfloat16()
+    counts = torch.bincount(routes.flatten().long(), minlength=E).tolist()
+
+    def permute():
+        return moe_numba.moe_permute(x, None, routes, probs, E, counts, A, validate=False)
+
+    rows, rowmap, row_probs, _ = permute()
+    return {
+        "permute": permute,
+        "unpermute": lambda: moe_numba.moe_unpermute(
+            rows, rowmap, routes, row_probs, T, E, using_weighted_combine=True, validate=False
+        ),
+        "permute_bwd": lambda: moe_numba.moe_permute_backward(
+            rows, row_probs, rowmap, routes, validate=False
+        ),
+    }
+
+
+def sweep(label, module, name, settings, shapes, ops, plans=None):
+    """One line per shape and op: the GPU time for each value of ``module.name``; ``plans``
+    (default ``module``) holds the launch plans that depend on it."""
+    plans = plans or module
+    print(f"{label}: {name} = " + ", ".join(map(str, settings)))
+    saved = getattr(module, name)
+    try:
+        for T, A in shapes:
+            fns = calls(T, A)
+            for op in ops:
+                ref, row = None, []
+                for value in settings:
+                    setattr(module, name, value)
+                    plans._LAUNCHES = BoundedCache(1024)  # (plans depend on the setting)
+                    out = fns[op]()
+                    ref = out if ref is None else ref
+                    row.append(f"{gpu_us(fns[op]):7.1f}{'' if same(out, ref) else ' DIFF'}")
+                print(f"  T={T:5d} A={A:3d} {op:12s} " + " ".join(row), flush=True)
+    finally:
+        setattr(module, name, saved)
+        plans._LAUNCHES = BoundedCache(1024)
+
+
+def main():
+    large = ((4096, 128), (16384, 128))
+    sweep(
+        "gather row parts",
+        PM,
+        "TOKEN_WARPS",
+        (1, 1024, 2048, 4096, 8192, 16384),
+        ((64, 16), (256, 16), (256, 1), (1024, 16), (2048, 128), *large, (16384, 1)),
+        ("permute",),
+    )
+    sweep(
+        "combine row parts",
+        UP,
+        "TOKEN_BLOCKS",
+        (1, 256, 512, 1024, 2048, 4096),
+        ((64, 16), (256, 16), (1024, 16), *large),
+        ("unpermute", "permute_bwd"),
+    )
+    # 2048: one block up to T = 256 (K = 8); 0: every call counts in chunks
+    sweep(
+        "one-block count",
+        PM,
+        "ONE_BLOCK_SLOTS",
+        (2048, 1024, 0),
+        ((64, 16), (128, 16), (256, 16), (256, 1)),
+        ("permute",),
+    )
+
+
+if __name__ == "__main__":
+    main()
