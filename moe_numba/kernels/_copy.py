@@ -34,6 +34,19 @@ def word_width(row_bytes, *buffers, widths=WIDTHS):
     return 1
 
 
+def row_parts(T, words, target, least, unit=1):
+    """(parts, words per part) of a row of ``words`` words when ``T`` rows share the work
+    out among about ``target`` workers: one part for ``target`` rows or more, else as many as
+    reach it with at least ``least`` words each. A part is a multiple of ``unit`` words (so
+    that parts start on a whole worker's words); the last part holds what is left."""
+    parts = max(1, min(words // least, -(-target // max(T, 1))))
+    if parts == 1:
+        return 1, words
+    per = -(-words // parts)
+    per = -(-per // unit) * unit
+    return -(-words // per), per
+
+
 @device
 def _ld16(p, i):
     return ld16(p, i)

@@ -272,6 +272,7 @@ def _make_gather(key):
                 lead = part == 0
                 w0 = part * pw
                 w1 = min(w0 + pw, hnw)
+                step = (npw // nparts) * pad_rows  # (the chunks of the other workers)
                 griddep_wait()  # (the scan's limits and padding bases)
                 p0 = q * pad_rows
                 while p0 < padbase[E]:
@@ -302,7 +303,7 @@ def _make_gather(key):
                             for w in range(lane, snw, LANES):
                                 stzs(out_scale, r * snw + w)
                     syncwarp()  # (dest is rewritten next)
-                    p0 += (npw // nparts) * pad_rows
+                    p0 += step
             item += stride
 
     return gather

@@ -13,10 +13,10 @@
 most ONE_BLOCK_SLOTS routing slots (one launch fewer); with ``validate=True`` the host waits
 for the scan, which chunked counting finishes sooner, and so it does for more slots.
 Nothing is synchronised: with ``validate=True`` the host waits for an event recorded after
-the scan (:mod:`._status`). Every kernel is launched
-as a programmatic dependent (:func:`._intrinsics.griddep_wait`): count waits first thing,
-for the caller's kernels, so its launch overlaps their end; the gather starts during the
-count and loads its first rows then.
+the scan (:mod:`._status`). Every kernel is launched as a programmatic dependent
+(:func:`._intrinsics.griddep_wait`): count waits first thing, for the caller's kernels, so
+its launch overlaps their end; the gather starts during the count and loads its first rows
+then.
 
 Scratch, one allocation (int64 arrays first, so every part stays aligned)::
 
@@ -104,15 +104,10 @@ _LAUNCHES = BoundedCache(1024)  # token counts vary between calls
 def _row_parts(T, hnw):
     """(parts, words per part) of a hidden row of ``hnw`` words: one part when there are
     TOKEN_WARPS tokens or more; else enough parts for about that many token warps, each of
-    at least PART_BATCH words per lane (a warp that copies a whole row stores only a few
-    rows' bytes at a time, too few in flight for a small call)."""
-    most = hnw // (PART_BATCH * gather.LANES)
-    parts = max(1, min(most, -(-TOKEN_WARPS // max(T, 1))))
-    if parts == 1:
-        return 1, hnw
-    words = -(-hnw // parts)
-    words = -(-words // gather.LANES) * gather.LANES  # (parts start on a whole warp's words)
-    return -(-hnw // words), words
+    at least PART_BATCH words per lane and starting on a whole warp's words (a warp that
+    copies a whole row stores only a few rows' bytes at a time, too few in flight for a
+    small call)."""
+    return _copy.row_parts(T, hnw, TOKEN_WARPS, PART_BATCH * gather.LANES, gather.LANES)
 
 
 def _padding_workers(R, slots, pad_rows, parts):

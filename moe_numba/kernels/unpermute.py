@@ -28,7 +28,7 @@ import numpy as np
 from .. import _abi
 from .._cache import BoundedCache
 from ._buffer import DeviceBuffer, carve
-from ._copy import WORD_DTYPE, word_width
+from ._copy import WORD_DTYPE, row_parts, word_width
 from ._family import NoKey, RoutingKey
 from ._launch import Launcher, RawKernel, optional_arg
 from ._status import StatusWords
@@ -96,9 +96,7 @@ def _row_parts(T, words):
     """(parts, words per part) of a combine's row of ``words`` words: one part when there are
     TOKEN_BLOCKS tokens or more; else enough parts for about that many blocks, each of at
     least PART_WORDS words (a block per token of a small call has too few loads in flight)."""
-    parts = max(1, min(words // PART_WORDS, -(-TOKEN_BLOCKS // max(T, 1))))
-    per = -(-words // parts)
-    return -(-words // per) if words else 1, per
+    return row_parts(T, words, TOKEN_BLOCKS, PART_WORDS)
 
 
 def _combine_block(words):
