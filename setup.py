@@ -101,6 +101,16 @@ extensions = [
         ("_sort_chunks", ["_common.pxd", "_parallel.pxd"]),
     ]
 ]
+# the GPU launch path's C half (moe_numba.kernels._driver_c): no OpenMP, no libcuda at link
+# time (the driver's function comes from the ctypes handle at run time)
+extensions.append(
+    Extension(
+        "moe_numba.kernels._driver_c",
+        ["moe_numba/kernels/_driver_c.pyx"],
+        depends=["moe_numba/kernels/_driver_c.pyx"],
+        extra_compile_args=["-O2"],
+    )
+)
 
 setup(
     options={"build": {"build_base": build_base}},

@@ -1,6 +1,8 @@
-"""The ctypes launch path (moe_numba/kernels/_driver.py) against a stand-in libcuda: the
-structures' layout is cuda.h's, and a launch hands the driver the kernel, the geometry, the
-stream, the dependence attribute and the arguments as packed int64 words.
+"""The driver launch path (moe_numba/kernels/_driver.py, and its C half _driver_c) against a
+stand-in libcuda: the structures' layout is cuda.h's, and a launch hands the driver the
+kernel, the geometry, the stream, the dependence attribute and the arguments as packed int64
+words, whether ctypes or C packs and calls; a launch sequence (_sequence.py) fills each
+kernel's template with the call's values.
 
 The real driver runs it on a GPU (every kernel launch of the GPU tests goes through it).
 """
@@ -9,7 +11,16 @@ import ctypes
 
 import pytest
 
-from moe_numba.kernels import _driver
+from moe_numba.kernels import _driver, _driver_c
+
+# how the launcher packs and calls: ctypes, or the C extension (built with the package)
+_PACKERS = pytest.mark.parametrize("c", [None, _driver_c], ids=["ctypes", "c"])
+
+
+def test_c_structures_have_the_layout_of_cuda_h():
+    layout = _driver_c.layout()
+    assert layout["config"] == (56, 32, 40, 48)
+    assert layout["attribute"] == (72, 8)
 
 
 def test_structures_have_the_layout_of_cuda_h():
@@ -71,9 +82,10 @@ class _FakeCuda:
         self.cuCtxGetDevice = device_type(get_device)
 
 
-def test_a_launch_hands_the_driver_its_words():
+@_PACKERS
+def test_a_launch_hands_the_driver_its_words(c):
     fake = _FakeCuda()
-    launch = _driver.DriverLauncher(fake)
+    launch = _driver.DriverLauncher(fake, c)
     args = (0x7F00_0000_1000, -1, 0, 2**40, 7)
     launch(0x1234, launch.config((5, 2), 128, 64, 0xBEEF, True)[1], args)
     launch(0x1234, launch.config(9, 32, 0, 0, False)[1], args[:2])
@@ -95,14 +107,16 @@ def test_configurations_are_built_once_per_geometry_and_stream():
     assert launch.config(4, 32, 0, 1, False)[1] != a[1]
 
 
-def test_a_driver_error_is_raised_with_its_text():
-    launch = _driver.DriverLauncher(_FakeCuda(result=1))
+@_PACKERS
+def test_a_driver_error_is_raised_with_its_text(c):
+    launch = _driver.DriverLauncher(_FakeCuda(result=1), c)
     with pytest.raises(RuntimeError, match=r"CUDA error 1 \(an invalid argument\)"):
         launch(1, launch.config(1, 32, 0, 0, False)[1], (1, 2))
 
 
-def test_too_many_parameters_are_refused():
-    launch = _driver.DriverLauncher(_FakeCuda())
+@_PACKERS
+def test_too_many_parameters_are_refused(c):
+    launch = _driver.DriverLauncher(_FakeCuda(), c)
     with pytest.raises(ValueError, match="at most 64 parameters; got 65"):
         launch(1, launch.config(1, 32, 0, 0, False)[1], (0,) * 65)
 
@@ -119,6 +133,8 @@ def test_the_launcher_passes_kernel_geometry_stream_and_dependence(monkeypatch):
     monkeypatch.setattr(_launch, "_GRIDDEP", {2: True})
 
     class Kernel:
+        name = "k"
+
         def handle(self, device):
             return 0x5000 + device
 
@@ -131,3 +147,96 @@ def test_the_launcher_passes_kernel_geometry_stream_and_dependence(monkeypatch):
     assert (first["grid"], first["block"], first["shmem"]) == ((3, 4, 1), (64, 1, 1), 128)
     assert first["attrs"] == [(6, 1)] and first["args"] == [11, 12, 13]
     assert second["attrs"] == [] and second["args"] == [14]  # not dependent: no attribute
+
+
+class _Family:
+    """A stand-in kernel family: its name and parameter names."""
+
+    def __init__(self, name, names):
+        self.name, self.names = name, names
+
+
+class _Kernel:
+    def __init__(self, name):
+        self.name = name
+
+    def handle(self, device):
+        return 0x5000 + device
+
+
+def _sequence():
+    from moe_numba.kernels._sequence import LaunchSequence, Step
+
+    steps = [
+        Step(_Kernel("a"), _Family("a", ("x", "n", "y")), (3, 2), 64),
+        Step(_Kernel("b"), _Family("b", ("m", "y")), 5, 128, shmem=16),
+    ]
+    return LaunchSequence(steps, {"n": 7, "m": -3}, ("x", "y"))
+
+
+@_PACKERS
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_sequence_fills_each_template_with_the_call_values(monkeypatch, c, overlap):
+    from moe_numba.kernels import _launch
+
+    if _launch.SIM:
+        pytest.skip("the simulator calls kernels directly")
+    fake = _FakeCuda(device=1)
+    monkeypatch.setattr(_launch, "_DRIVER", _driver.DriverLauncher(fake, c))
+    monkeypatch.setattr(_launch, "_GRIDDEP", {1: overlap})
+    sequence = _sequence()
+    values = (2**40 + 8, 2**45)
+    sequence.run(_launch.Launcher(0xD00), values)
+    _launch.Launcher(0xE00).sequence(sequence, (1, 2), 1, 2)  # the second step only
+    first, second, third = fake.launches
+    attrs = [(6, 1)] if overlap else []
+    assert (first["function"], first["stream"], first["args"]) == (
+        0x5001,
+        0xD00,
+        [2**40 + 8, 7, 2**45],
+    )
+    assert (first["grid"], first["block"], first["shmem"], first["attrs"]) == (
+        (3, 2, 1),
+        (64, 1, 1),
+        0,
+        attrs,
+    )
+    assert (second["args"], second["grid"], second["block"], second["shmem"]) == (
+        [-3, 2**45],
+        (5, 1, 1),
+        (128, 1, 1),
+        16,
+    )
+    assert (third["stream"], third["args"]) == (0xE00, [-3, 2])
+
+
+@_PACKERS
+def test_a_failed_launch_in_a_sequence_names_its_kernel_and_stops_it(monkeypatch, c):
+    from moe_numba.kernels import _launch
+
+    if _launch.SIM:
+        pytest.skip("the simulator calls kernels directly")
+    fake = _FakeCuda(result=1)
+    monkeypatch.setattr(_launch, "_DRIVER", _driver.DriverLauncher(fake, c))
+    monkeypatch.setattr(_launch, "_GRIDDEP", {3: True})
+    with pytest.raises(
+        RuntimeError, match=r"failed \(a\): CUDA error 1 \(an invalid argument\)"
+    ):
+        _sequence().run(_launch.Launcher(0), (1, 2))
+    assert len(fake.launches) == 1  # b was not launched
+
+
+def test_a_sequence_refuses_a_parameter_neither_given_nor_planned():
+    from moe_numba.kernels._sequence import LaunchSequence, Step
+
+    step = Step(_Kernel("k"), _Family("k", ("x", "z")), 1, 32)
+    with pytest.raises(TypeError, match=r"k takes \['z'\]: neither given nor planned"):
+        LaunchSequence([step], {}, ("x",))
+
+
+def test_a_c_sequence_refuses_values_it_lacks():
+    sequence = _driver_c.LaunchSequence(0, [(1, (1, 1, 1), (32, 1, 1), 0, False, [0, 5], [0, -1])])
+    with pytest.raises(IndexError, match="step 0 takes value 0; 0 given"):
+        sequence.run(0, (), 0, 1)
+    with pytest.raises(IndexError, match="steps 0..2 of a sequence of 1"):
+        sequence.run(0, (1,), 0, 2)

@@ -1,6 +1,6 @@
-"""The type stubs of the compiled moe_cpu modules match the modules: ``mypy.stubtest`` imports
-each extension and compares every name, parameter (name, kind, default) and constant with its
-stub."""
+"""The type stubs of the compiled modules (moe_cpu's, and moe_numba's C launcher) match the
+modules: ``mypy.stubtest`` imports each extension and compares every name, parameter (name,
+kind, default) and constant with its stub."""
 
 import os
 import site
@@ -18,11 +18,17 @@ CYTHON_INTERNALS = [
     r"moe_cpu\._\w+\.__test__",
     r"moe_cpu\._\w+\.__pyx_capi__",
 ]
+# and of a module with a cdef class: its pickling helpers
+C_LAUNCHER_INTERNALS = [
+    r"moe_numba\.kernels\._driver_c\.__test__",
+    r"moe_numba\.kernels\._driver_c\.__reduce_cython__",
+    r"moe_numba\.kernels\._driver_c\.__setstate_cython__",
+]
 
 
-def _stubtest(tmp_path, *modules):
+def _stubtest(tmp_path, *modules, allow=CYTHON_INTERNALS):
     allowlist = tmp_path / "allowlist.txt"
-    allowlist.write_text("\n".join(CYTHON_INTERNALS) + "\n")
+    allowlist.write_text("\n".join(allow) + "\n")
     # mypy finds an installed package in site-packages (PEP 561: py.typed), but cannot follow
     # the import hook of an editable install: point it, and stubtest's own import of the
     # modules, at the moe_cpu that this process imported
@@ -52,6 +58,12 @@ def test_stubs_match_the_extensions(tmp_path):
     stubs = {p.stem for p in package.glob("_*.pyi")}
     assert extensions and extensions == stubs
     assert f"in {len(stubs) + 1} modules" in done.stdout, done.stdout
+
+
+def test_the_c_launcher_stub_matches_it(tmp_path):
+    done = _stubtest(tmp_path, "moe_numba.kernels._driver_c", allow=C_LAUNCHER_INTERNALS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "in 1 module" in done.stdout, done.stdout
 
 
 def test_packages_are_typed():

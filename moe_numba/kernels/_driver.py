@@ -7,6 +7,10 @@ Every parameter of this package's kernels is 8 bytes (a ``CPointer`` or an int64
 argument on its own. A launch configuration (``CUlaunchConfig`` and its attribute) is built
 once per grid, block, shared memory, stream and dependence, and kept in a bounded cache.
 
+Where the package's C extension :mod:`._driver_c` is built, the packing and the call happen
+in C (the driver's function found through the ctypes handle), and whole sequences of launches
+(:mod:`._sequence`) run in one call from Python; ``MOE_NUMBA_C_LAUNCH=0`` turns that off.
+
 :func:`driver_launcher` returns None where libcuda cannot be opened with ctypes (then
 :mod:`._launch` uses ``cuda.core``).
 """
@@ -14,6 +18,7 @@ once per grid, block, shared memory, stream and dependence, and kept in a bounde
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 import threading
 
@@ -24,6 +29,17 @@ _CU_LAUNCH_PARAM_BUFFER_POINTER = 1
 _CU_LAUNCH_PARAM_BUFFER_SIZE = 2
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 _MOST_WORDS = 64  # the most parameters of a kernel (this package's have at most 30)
+
+
+def _c_launcher():
+    """The C extension :mod:`._driver_c`, or None where it is not built or is turned off."""
+    if os.environ.get("MOE_NUMBA_C_LAUNCH", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    try:
+        from . import _driver_c
+    except ImportError:  # (a source tree run without building the extensions)
+        return None
+    return _driver_c
 
 
 class _LaunchAttributeValue(ctypes.Union):
@@ -52,7 +68,8 @@ class _LaunchConfig(ctypes.Structure):
     ]
 
 
-def _dims(shape):
+def launch_dims(shape):
+    """A grid or block (an int or up to 3 ints) as 3 ints."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     return (*shape, 1, 1)[:3]
 
@@ -83,13 +100,14 @@ class _Words(threading.local):
 
 
 class DriverLauncher:
-    """``launch(function, config, args)``: one kernel launch.
+    """``launch(function, config, args, name=None)``: one kernel launch.
 
     ``function`` is the kernel's ``CUfunction``/``CUkernel`` handle as an int, ``config`` the
-    address from :meth:`config`, ``args`` the kernel's parameters as ints.
+    address from :meth:`config`, ``args`` the kernel's parameters as ints, ``name`` the
+    kernel's name for an error.
     """
 
-    def __init__(self, libcuda):
+    def __init__(self, libcuda, c_launcher=None):
         self._launch = libcuda.cuLaunchKernelEx
         self._launch.restype = ctypes.c_int
         self._launch.argtypes = [ctypes.c_void_p] * 4
@@ -102,6 +120,8 @@ class DriverLauncher:
         self._configs = BoundedCache(4096)  # grids vary with the token count
         self._packs = {}  # parameter count -> struct.pack_into of that many int64 words
         self._words = _Words()
+        self.c = c_launcher  # the C extension, or None
+        self.address = ctypes.cast(self._launch, ctypes.c_void_p).value  # of cuLaunchKernelEx
 
     def current_device(self):
         """The device of the calling thread's current context, or None without one."""
@@ -116,7 +136,7 @@ class DriverLauncher:
         key = (grid, block, shmem, stream, dependent)
         entry = self._configs.get(key)
         if entry is None:
-            config = _LaunchConfig(*_dims(grid), *_dims(block), shmem, stream)
+            config = _LaunchConfig(*launch_dims(grid), *launch_dims(block), shmem, stream)
             if dependent:
                 attribute = _LaunchAttribute()
                 attribute.id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
@@ -127,22 +147,31 @@ class DriverLauncher:
             entry = self._configs.put(key, (config, ctypes.addressof(config)))
         return entry
 
-    def __call__(self, function, config, args):
-        n = len(args)
-        pack = self._packs.get(n)
-        if pack is None:
-            if n > _MOST_WORDS:
-                raise ValueError(f"a kernel takes at most {_MOST_WORDS} parameters; got {n}")
-            pack = self._packs[n] = struct.Struct(f"{n}q").pack_into
-        words = self._words
-        pack(words.buffer, 0, *args)
-        extra = words.extras.get(n) or words.extra(n)
-        err = self._launch(config, function, None, extra)
+    def __call__(self, function, config, args, name=None):
+        if self.c is not None:
+            err = self.c.launch(self.address, config, function, tuple(args))
+        else:
+            n = len(args)
+            pack = self._packs.get(n)
+            if pack is None:
+                if n > _MOST_WORDS:
+                    raise ValueError(f"a kernel takes at most {_MOST_WORDS} parameters; got {n}")
+                pack = self._packs[n] = struct.Struct(f"{n}q").pack_into
+            words = self._words
+            pack(words.buffer, 0, *args)
+            extra = words.extras.get(n) or words.extra(n)
+            err = self._launch(config, function, None, extra)
         if err:
-            message = ctypes.c_char_p()
-            self._error_string(err, ctypes.byref(message))
-            text = message.value.decode() if message.value else "unknown error"
-            raise RuntimeError(f"cuLaunchKernelEx failed: CUDA error {err} ({text})")
+            raise self.error(err, name)
+
+    def error(self, err, kernel=None):
+        """The RuntimeError for the driver's result ``err`` of a launch (of ``kernel``, a
+        name, when given)."""
+        message = ctypes.c_char_p()
+        self._error_string(err, ctypes.byref(message))
+        text = message.value.decode() if message.value else "unknown error"
+        of = f" ({kernel})" if kernel else ""
+        return RuntimeError(f"cuLaunchKernelEx failed{of}: CUDA error {err} ({text})")
 
 
 def driver_launcher():
@@ -151,7 +180,7 @@ def driver_launcher():
     for name in ("libcuda.so.1", "libcuda.so"):
         try:
             libcuda = ctypes.CDLL(name)
-            return DriverLauncher(libcuda)
+            return DriverLauncher(libcuda, _c_launcher())
         except (OSError, AttributeError):
             continue
     return None

@@ -34,7 +34,7 @@ if not SIM:
     from cuda.bindings import driver as _driver
     from cuda.core import LaunchConfig, Stream, launch
 
-    from ._driver import driver_launcher
+    from ._driver import driver_launcher, launch_dims
 
     _DRIVER = driver_launcher()  # None: launches go through cuda.core
 
@@ -166,7 +166,7 @@ class Launcher:
         overlap = dependent and self.overlap
         if _DRIVER is not None:
             config = _DRIVER.config(grid, block, shmem, self.handle, overlap)
-            _DRIVER(kernel.handle(self.device), config[1], args)
+            _DRIVER(kernel.handle(self.device), config[1], args, kernel.name)
             return
         key = (grid, block, shmem, overlap)
         launch_config = _CONFIGS.get(key)
@@ -182,3 +182,33 @@ class Launcher:
                 stream = _STREAMS[key] = Stream.from_handle(self.handle)
             self.stream = stream
         launch(self.stream, launch_config, kernel.cu_kernel(self.device), *args)
+
+    def sequence(self, sequence, values, start, stop):
+        """Launch steps ``start`` to ``stop - 1`` of ``sequence`` (a
+        :class:`._sequence.LaunchSequence`) with the call's ``values``, each as a programmatic
+        dependent where the device allows (see :meth:`__call__`): through the C launcher in
+        one call where it is built, else one launch at a time."""
+        c = None if SIM or _DRIVER is None else _DRIVER.c
+        if c is None:
+            for i in range(start, stop):
+                step = sequence.steps[i]
+                args = sequence.args(i, values)
+                self(step.kernel, step.grid, step.block, args, step.shmem, dependent=True)
+            return
+        key = (self.device, self.overlap)
+        bound = sequence.bound(key, lambda: _bind(c, sequence, *key))
+        failed = bound.run(self.handle, values, start, stop)
+        if failed is not None:
+            step, err = failed
+            raise _DRIVER.error(err, sequence.steps[step].kernel.name)
+
+
+def _bind(c, sequence, device, overlap):
+    """``sequence`` as the C launcher's, with the kernels' handles on ``device``."""
+    steps = []
+    for i, step in enumerate(sequence.steps):
+        template, slots = sequence.words(i)
+        grid, block = launch_dims(step.grid), launch_dims(step.block)
+        handle = step.kernel.handle(device)
+        steps.append((handle, grid, block, step.shmem, overlap, list(template), list(slots)))
+    return c.LaunchSequence(_DRIVER.address, steps)

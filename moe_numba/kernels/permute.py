@@ -38,7 +38,8 @@ from .._cache import BoundedCache
 from . import _copy, count, gather
 from ._buffer import DeviceBuffer, carve
 from ._family import RoutingKey
-from ._launch import Launcher, RawKernel, optional_arg
+from ._launch import Launcher, optional_arg
+from ._sequence import LaunchSequence, Step
 from ._status import StatusWords
 from .count import COUNT
 from .gather import GATHER, GatherKey
@@ -59,6 +60,21 @@ _I64, _I32 = np.dtype(np.int64), np.dtype(np.int32)
 # the scratch arrays, in the order of one allocation (see the module docstring)
 _SCRATCH = ("done", "offsets", "lim", "padbase", "ctot", "part", "counts", "slot_rank")
 _INDEX_DTYPES = {4: np.int32, 8: np.int64}
+# the parameters of the call's kernels that each call passes, in the order of its values
+_SLOTS = (
+    "hidden",
+    "scale",
+    "routemap",
+    "probs",
+    "capacity",
+    "out_hidden",
+    "out_scale",
+    "rowmap",
+    "out_probs",
+    "out_indices",
+    "status",
+    *_SCRATCH,
+)
 
 
 class PermuteBuffers(NamedTuple):
@@ -82,20 +98,8 @@ class _Launches(NamedTuple):
 
     one_block: bool  # count_scan instead of count + scan
     scratch: tuple  # (count, dtype) of each part of _SCRATCH
-    count: RawKernel | None
-    count_grid: tuple
-    count_block: int
-    scan: RawKernel | None  # (or count_scan)
-    scan_grid: int
-    scan_block: int
-    gather: RawKernel | None
-    gather_grid: int
-    gather_block: int
-    values: dict  # the kernels' scalar arguments (all that the key decides), by name:
-    # T, K, E, R, NC (count chunks), ct (tokens per chunk), ex_dim (experts per scan block
-    # tile), npw (padding workers), nparts, pw (parts of a row, hidden words of a part),
-    # pad_rows (rows of a padding chunk), hnw, snw (hidden and scale words per row), A,
-    # override, want_status, has_indices (0 or 1)
+    launches: LaunchSequence  # count and scan (or count_scan), then the gather if any
+    counted: int  # the launches up to the scan (the status words are final after them)
 
 
 _LAUNCHES = BoundedCache(1024)  # token counts vary between calls
@@ -154,55 +158,54 @@ def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, in
     scratch += ((max(nc * E, 1), _I32), (max(T * K, 1), _I32))
     key = RoutingKey(bits)
     if one_block:
-        count_kernel, count_grid = None, ()
-        scan_kernel, scan_grid, scan_block = COUNT_SCAN.get(key), 1, COUNT_BD
         ex_dim = COUNT_BD  # a thread per expert
+        steps = [Step(COUNT_SCAN.get(key), COUNT_SCAN, 1, COUNT_BD)]
     else:
-        count_kernel = COUNT.get(key) if T > 0 else None
-        count_grid = (nc, -(-E // count.ETILE))
         # a block per tile of ex_dim experts (the last one to finish does the offsets and
         # the status); with no tokens, one block and no ticket counter
         ex_dim = max(1, SCAN_BD // 32) if T > 0 else SCAN_BD
-        scan_kernel, scan_block = SCAN.get(key), SCAN_BD
-        scan_grid = -(-E // ex_dim) if T > 0 else 1
+        steps = []
+        if T > 0:
+            steps.append(Step(COUNT.get(key), COUNT, (nc, -(-E // count.ETILE)), COUNT_BD))
+        steps.append(Step(SCAN.get(key), SCAN, -(-E // ex_dim) if T > 0 else 1, SCAN_BD))
+    counted = len(steps)
     parts, pw = _row_parts(T, hnw)
     pad_rows = max(1, gather.PAD_ROWS // parts)
     npw = _padding_workers(R, T * K, pad_rows, parts)
     items = npw + T * parts
-    gather_kernel = None
     if items > 0:
-        gather_kernel = GATHER.get(GatherKey(hw, sw, _batch_words(hw, pw), bits))
+        kernel = GATHER.get(GatherKey(hw, sw, _batch_words(hw, pw), bits))
+        grid = min(-(-items // gather.WARPS), GATHER_BLOCKS)
+        steps.append(Step(kernel, GATHER, grid, gather.WARPS * gather.LANES))
+    # the kernels' scalar arguments (all that the key decides): T, K, E, R, NC (count
+    # chunks), ct (tokens per chunk), ex_dim (experts per scan block tile), npw (padding
+    # workers), nparts, pw (parts of a row, hidden words of a part), pad_rows (rows of a
+    # padding chunk), hnw, snw (hidden and scale words per row), A, override, want_status,
+    # has_indices (0 or 1)
+    constants = dict(
+        T=T,
+        K=K,
+        E=E,
+        R=R,
+        NC=nc,
+        ct=ct,
+        ex_dim=ex_dim,
+        npw=npw,
+        nparts=parts,
+        pw=pw,
+        pad_rows=pad_rows,
+        hnw=hnw,
+        snw=snw,
+        A=A,
+        override=int(override),
+        want_status=int(validate),
+        has_indices=int(indices),
+    )
     return _Launches(
         one_block=one_block,
         scratch=scratch,
-        count=count_kernel,
-        count_grid=count_grid,
-        count_block=COUNT_BD,
-        scan=scan_kernel,
-        scan_grid=scan_grid,
-        scan_block=scan_block,
-        gather=gather_kernel,
-        gather_grid=min(-(-items // gather.WARPS), GATHER_BLOCKS),
-        gather_block=gather.WARPS * gather.LANES,
-        values=dict(
-            T=T,
-            K=K,
-            E=E,
-            R=R,
-            NC=nc,
-            ct=ct,
-            ex_dim=ex_dim,
-            npw=npw,
-            nparts=parts,
-            pw=pw,
-            pad_rows=pad_rows,
-            hnw=hnw,
-            snw=snw,
-            A=A,
-            override=int(override),
-            want_status=int(validate),
-            has_indices=int(indices),
-        ),
+        launches=LaunchSequence(steps, constants, _SLOTS),
+        counted=counted,
     )
 
 
@@ -256,31 +259,25 @@ def run(plan, buffers, validate, alloc, stream):
     launch = Launcher(stream)
     status = StatusWords(launch, _abi.PERMUTE_STATUS_LEN) if validate else None
     hd, sd = _copy.WORD_DTYPE[hw], _copy.WORD_DTYPE[sw]
-    # every argument of the call's kernels, by parameter name (each kernel takes its own)
-    values = dict(
-        go.values,
-        hidden=optional_arg(b.hidden if hnw else None, hd),
-        scale=optional_arg(b.scale if snw else None, sd),
-        routemap=b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize]),
-        probs=b.probs.kernel_arg(np.uint32),
-        capacity=optional_arg(b.capacity, np.int64),
-        out_hidden=optional_arg(b.out_hidden if hnw else None, hd),
-        out_scale=optional_arg(b.out_scale if snw else None, sd),
-        rowmap=b.out_rowmap.kernel_arg(np.int32),
-        out_probs=optional_arg(b.out_probs if R else None, np.uint32),
-        out_indices=optional_arg(b.out_indices if R else None, np.int32),
+    values = (  # the call's values, in the order of _SLOTS
+        optional_arg(b.hidden if hnw else None, hd),
+        optional_arg(b.scale if snw else None, sd),
+        b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize]),
+        b.probs.kernel_arg(np.uint32),
+        optional_arg(b.capacity, np.int64),
+        optional_arg(b.out_hidden if hnw else None, hd),
+        optional_arg(b.out_scale if snw else None, sd),
+        b.out_rowmap.kernel_arg(np.int32),
+        optional_arg(b.out_probs if R else None, np.uint32),
+        optional_arg(b.out_indices if R else None, np.int32),
         # (without validate the scan writes no status words)
-        status=optional_arg(None, np.int64) if status is None else status.arg,
+        optional_arg(None, np.int64) if status is None else status.arg,
+        *carve(alloc, go.scratch),
     )
-    values.update(zip(_SCRATCH, carve(alloc, go.scratch), strict=True))
-    if go.one_block:
-        launch(go.scan, 1, go.scan_block, COUNT_SCAN.args(values), dependent=True)
-    else:
-        if go.count is not None:
-            launch(go.count, go.count_grid, go.count_block, COUNT.args(values), dependent=True)
-        launch(go.scan, go.scan_grid, go.scan_block, SCAN.args(values), dependent=True)
-    if status is not None:
-        status.written()
-    if go.gather is not None:
-        launch(go.gather, go.gather_grid, go.gather_block, GATHER.args(values), dependent=True)
+    if status is None:
+        go.launches.run(launch, values)
+        return None
+    go.launches.run(launch, values, 0, go.counted)
+    status.written()
+    go.launches.run(launch, values, go.counted)
     return status

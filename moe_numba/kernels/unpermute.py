@@ -16,7 +16,7 @@ its launch overlaps that kernel's end (:func:`._intrinsics.griddep_wait`). With
 
 ``moe_permute_backward`` is this call with the counted-slot rule for the slot probabilities
 (``slots``, :mod:`.permute_backward`); the gradient of ``moe_unpermute`` runs init and check
-too (:func:`launch_checks`).
+too (:func:`check_steps`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from .._cache import BoundedCache
 from ._buffer import DeviceBuffer, carve
 from ._copy import WORD_DTYPE, row_parts, word_width
 from ._family import NoKey, RoutingKey
-from ._launch import Launcher, RawKernel, optional_arg
+from ._launch import Launcher, optional_arg
+from ._sequence import LaunchSequence, Step
 from ._status import StatusWords
 from .check import CHECK, INIT
 from .combine import (
@@ -54,6 +55,8 @@ CHECK_BLOCKS = 1024  # most check blocks (each thread then reads a few entries)
 
 _INDEX_DTYPES = {4: np.int32, 8: np.int64}
 _MINIMA = ((3, np.dtype(np.int64)),)  # check's scratch: two running minima, a ticket counter
+# the parameters of the call's kernels that each call passes, in the order of its values
+_SLOTS = ("rows", "rowmap", "routemap", "probs", "out", "out_probs", "R", "minima", "status")
 
 
 class UnpermuteBuffers(NamedTuple):
@@ -69,22 +72,11 @@ class UnpermuteBuffers(NamedTuple):
     routemap_itemsize: int  # 4 or 8 (the plan does not record the routing map's dtype)
 
 
-class Checks(NamedTuple):
-    """init and check of a call that validates, and check's geometry."""
-
-    init: RawKernel
-    check: RawKernel
-    grid: int
-    block: int
-
-
 class _Launches(NamedTuple):
     """What a call's launches need beyond its addresses: built once per call key."""
 
-    checks: Checks | None  # with validate
-    combine: RawKernel | None
-    combine_block: int
-    combine_grid: tuple  # (T, parts of a row)
+    launches: LaunchSequence  # [init, check,] then the combine when T > 0
+    checked: int  # the launches up to check (the status words are final after them)
     nw: int  # words per row
     pw: int  # words per part of a row
 
@@ -106,37 +98,36 @@ def _combine_block(words):
     return bd
 
 
-def check_launches(T, E, K, bits):
-    """The :class:`Checks` of a call that validates a row map [T, E] and a routing map
-    [T, K] of ``bits``-bit ids."""
+def check_steps(T, E, K, bits):
+    """init and check of a call that validates a row map [T, E] and a routing map [T, K] of
+    ``bits``-bit ids: the launches of a :class:`._sequence.LaunchSequence` whose values
+    include ``minima`` (:func:`check_scratch`) and ``status``."""
     grid = max(1, min(CHECK_BLOCKS, -(-max(T * E, T * K) // CHECK_BD)))
-    return Checks(INIT.get(NoKey()), CHECK.get(RoutingKey(bits)), grid, CHECK_BD)
+    init = Step(INIT.get(NoKey()), INIT, 1, 32)
+    return [init, Step(CHECK.get(RoutingKey(bits)), CHECK, grid, CHECK_BD)]
 
 
-def launch_checks(launch, checks, values, alloc, status_len):
-    """Enqueue init and check with the call's arguments ``values`` (which gain check's
-    scratch and the status pointer); return the call's ``status_len`` status words, of which
-    check writes the ``_abi.UNPERMUTE_*`` slots."""
-    status = StatusWords(launch, status_len)
-    (values["minima"],) = carve(alloc, _MINIMA)
-    values["status"] = status.arg
-    launch(checks.init, 1, 32, INIT.args(values), dependent=True)
-    launch(checks.check, checks.grid, checks.block, CHECK.args(values), dependent=True)
-    return status
+def check_scratch(alloc):
+    """check's scratch words (the ``minima`` of :func:`check_steps`)."""
+    (minima,) = carve(alloc, _MINIMA)
+    return minima
 
 
 def _plan_launches(T, E, K, H, width, data_type, weighted, mix, bits, validate, slots):
     """The call's geometry and kernels (see the module docstring)."""
     nw = H * ITEMSIZE[data_type] // width
-    checks = check_launches(T, E, K, bits) if validate else None
-    combine = None
+    steps = check_steps(T, E, K, bits) if validate else []
+    checked = len(steps)
+    parts, pw = _row_parts(T, nw)
     if T > 0:
         if slots == SLOT_PROBS:
             combine = COMBINE.get(CombineKey(width, data_type, weighted, mix, bits))
         else:
             combine = COMBINE_COUNTED.get(CountedKey(width, data_type, slots, bits))
-    parts, pw = _row_parts(T, nw)
-    return _Launches(checks, combine, _combine_block(pw), (T, parts), nw, pw)
+        # (COMBINE_COUNTED's variants take COMBINE's parameters)
+        steps.append(Step(combine, COMBINE, (T, parts), _combine_block(pw)))
+    constants = dict(T=T, E=E, K=K, nw=nw, pw=pw, first=0 if validate else 1)
+    return _Launches(LaunchSequence(steps, constants, _SLOTS), checked, nw, pw)
 
 
 def run(plan, buffers, validate, alloc, stream, slots=SLOT_PROBS):
@@ -170,39 +161,35 @@ def run(plan, buffers, validate, alloc, stream, slots=SLOT_PROBS):
     Every output element is written; nothing is synchronised.
     """
     b = buffers
-    T, R, E, K = plan.num_tokens, plan.num_rows, plan.num_experts, plan.topk
+    T, R = plan.num_tokens, plan.num_rows
     esize = ITEMSIZE[plan.data_type]
     width = word_width(plan.hidden * esize, b.rows, b.out_hidden, widths=widths(plan.data_type))
     width = max(esize, width)
     bits = 8 * b.routemap_itemsize
-    key = (T, E, K, plan.hidden, width, plan.data_type, plan.weighted, plan.mix_precision)
-    key += (bits, validate, slots)
+    key = (T, plan.num_experts, plan.topk, plan.hidden, width, plan.data_type, plan.weighted)
+    key += (plan.mix_precision, bits, validate, slots)
     go = _LAUNCHES.get(key)
     if go is None:
         go = _LAUNCHES.put(key, _plan_launches(*key))
 
     launch = Launcher(stream)
     word = WORD_DTYPE[width]
-    # every argument of the call's kernels, by parameter name (each kernel takes its own)
-    values = dict(
-        rows=optional_arg(b.rows if R else None, word),
-        rowmap=b.rowmap.kernel_arg(np.int32),
-        routemap=b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize]),
-        probs=optional_arg(b.probs if R else None, np.float32),
-        out=optional_arg(b.out_hidden, word),
-        out_probs=optional_arg(b.out_probs, np.float32),
-        T=T,
-        R=R,
-        E=E,
-        K=K,
-        nw=go.nw,
-        pw=go.pw,
-        first=0 if validate else 1,
+    status = StatusWords(launch, _abi.UNPERMUTE_STATUS_LEN) if validate else None
+    values = (  # the call's values, in the order of _SLOTS
+        optional_arg(b.rows if R else None, word),
+        b.rowmap.kernel_arg(np.int32),
+        b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize]),
+        optional_arg(b.probs if R else None, np.float32),
+        optional_arg(b.out_hidden, word),
+        optional_arg(b.out_probs, np.float32),
+        R,
+        check_scratch(alloc) if validate else optional_arg(None, np.int64),
+        optional_arg(None, np.int64) if status is None else status.arg,
     )
-    status = None
-    if validate:
-        status = launch_checks(launch, go.checks, values, alloc, _abi.UNPERMUTE_STATUS_LEN)
-        status.written()
-    if go.combine is not None:  # (COMBINE_COUNTED's variants take the same parameters)
-        launch(go.combine, go.combine_grid, go.combine_block, COMBINE.args(values), dependent=True)
+    if status is None:
+        go.launches.run(launch, values)
+        return None
+    go.launches.run(launch, values, 0, go.checked)
+    status.written()
+    go.launches.run(launch, values, go.checked)
     return status

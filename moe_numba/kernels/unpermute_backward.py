@@ -10,7 +10,7 @@
     collide   .owner      the same                      OWNER_BD         always
     scatter   .scatter    (npz + T) / WARPS workers     WARPS * LANES    npz + T > 0
 
-init and check are moe_unpermute's (:func:`.unpermute.launch_checks`): the same value rules
+init and check are moe_unpermute's (:func:`.unpermute.check_steps`): the same value rules
 and status slots. claim and collide find each row's pair without atomics (:mod:`.owner`);
 collide also writes the status words of a row named twice, so with ``validate=True`` the
 host waits for collide, whose end implies check's (each of these kernels waits for the one
@@ -33,11 +33,13 @@ from . import scatter
 from ._buffer import DeviceBuffer, carve
 from ._copy import WORD_DTYPE, word_width
 from ._family import NoKey
-from ._launch import Launcher, RawKernel, optional_arg
+from ._launch import Launcher, optional_arg
+from ._sequence import LaunchSequence, Step
+from ._status import StatusWords
 from .combine import ITEMSIZE, widths
 from .owner import CLAIM, COLLIDE
 from .scatter import SCATTER, ScatterKey
-from .unpermute import Checks, check_launches, launch_checks
+from .unpermute import check_scratch, check_steps
 
 FAMILIES = (CLAIM, COLLIDE, SCATTER)
 
@@ -47,6 +49,22 @@ ZERO_WORKERS = 256  # fewest zero workers (when there are as many chunks of rows
 
 _INDEX_DTYPES = {4: np.int32, 8: np.int64}
 _I64 = np.dtype(np.int64)
+# the parameters of the call's kernels that each call passes, in the order of its values
+_SLOTS = (
+    "dy",
+    "xu",
+    "rowmap",
+    "routemap",
+    "owner",
+    "dups",
+    "probs",
+    "gprob",
+    "out",
+    "out_probs",
+    "has_g",
+    "minima",
+    "status",
+)
 
 
 class UnpermuteBackwardBuffers(NamedTuple):
@@ -67,14 +85,9 @@ class UnpermuteBackwardBuffers(NamedTuple):
 class _Launches(NamedTuple):
     """What a call's launches need beyond its addresses: built once per call key."""
 
-    checks: Checks | None  # with validate
-    claim: RawKernel
-    collide: RawKernel
-    owner_grid: int
-    scatter: RawKernel | None
-    scatter_grid: int
+    launches: LaunchSequence  # [init, check,] claim, collide, then the scatter if any
+    checked: int  # the launches up to collide (the status words are final after them)
     scratch: tuple  # (count, dtype) of each scratch part: owner, dups
-    values: dict  # the scalar arguments the key decides
 
 
 _LAUNCHES = BoundedCache(1024)  # token counts vary between calls
@@ -104,20 +117,21 @@ def _plan_launches(T, E, K, R, H, width, data_type, weighted, dot, bits, validat
     """The call's geometry, scratch layout and kernels (see the module docstring)."""
     nw = H * ITEMSIZE[data_type] // width
     npz = _zero_workers(R, T * K)
-    scatter_kernel = None
+    steps = check_steps(T, E, K, bits) if validate else []
+    owner_grid = max(1, min(OWNER_BLOCKS, -(-T * E // OWNER_BD)))
+    steps.append(Step(CLAIM.get(NoKey()), CLAIM, owner_grid, OWNER_BD))
+    steps.append(Step(COLLIDE.get(NoKey()), COLLIDE, owner_grid, OWNER_BD))
+    checked = len(steps)
     if npz + T > 0:
         nb = _batch_groups(width, nw, dot)
-        key = ScatterKey(width, data_type, weighted, dot, nb, bits)
-        scatter_kernel = SCATTER.get(key)
+        kernel = SCATTER.get(ScatterKey(width, data_type, weighted, dot, nb, bits))
+        grid = -(-(npz + T) // scatter.WARPS)
+        steps.append(Step(kernel, SCATTER, grid, scatter.WARPS * scatter.LANES))
+    constants = dict(T=T, R=R, E=E, K=K, TE=T * E, nw=nw, npz=npz, want_status=int(validate))
     return _Launches(
-        checks=check_launches(T, E, K, bits) if validate else None,
-        claim=CLAIM.get(NoKey()),
-        collide=COLLIDE.get(NoKey()),
-        owner_grid=max(1, min(OWNER_BLOCKS, -(-T * E // OWNER_BD))),
-        scatter=scatter_kernel,
-        scatter_grid=-(-(npz + T) // scatter.WARPS),
+        launches=LaunchSequence(steps, constants, _SLOTS),
+        checked=checked,
         scratch=((max(R, 1), _I64), (2, _I64)),
-        values=dict(T=T, R=R, E=E, K=K, TE=T * E, nw=nw, npz=npz, want_status=int(validate)),
     )
 
 
@@ -165,31 +179,25 @@ def run(plan, buffers, validate, alloc, stream):
 
     launch = Launcher(stream)
     word = WORD_DTYPE[width]
-    owner, dups = carve(alloc, go.scratch)
-    # every argument of the call's kernels, by parameter name (each kernel takes its own)
-    values = dict(
-        go.values,
-        dy=optional_arg(b.grad_hidden if T and H else None, word),
-        xu=optional_arg(rows if R else None, word),
-        rowmap=b.rowmap.kernel_arg(np.int32),
-        routemap=b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize]),
-        owner=owner,
-        dups=dups,
-        probs=optional_arg(b.probs if weighted and R else None, np.float32),
-        gprob=optional_arg(b.grad_probs if T else None, np.float32),
-        out=optional_arg(b.out_rows if R and H else None, word),
-        out_probs=optional_arg(b.out_probs if R else None, np.uint32),
-        status=optional_arg(None, np.int64),
-        has_g=0 if b.grad_probs is None else 1,
+    status = StatusWords(launch, _abi.UNPERMUTE_BACKWARD_STATUS_LEN) if validate else None
+    values = (  # the call's values, in the order of _SLOTS
+        optional_arg(b.grad_hidden if T and H else None, word),
+        optional_arg(rows if R else None, word),
+        b.rowmap.kernel_arg(np.int32),
+        b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize]),
+        *carve(alloc, go.scratch),
+        optional_arg(b.probs if weighted and R else None, np.float32),
+        optional_arg(b.grad_probs if T else None, np.float32),
+        optional_arg(b.out_rows if R and H else None, word),
+        optional_arg(b.out_probs if R else None, np.uint32),
+        0 if b.grad_probs is None else 1,
+        check_scratch(alloc) if validate else optional_arg(None, np.int64),
+        optional_arg(None, np.int64) if status is None else status.arg,
     )
-    status = None
-    if validate:
-        status = launch_checks(launch, go.checks, values, alloc, _abi.UNPERMUTE_BACKWARD_STATUS_LEN)
-    launch(go.claim, go.owner_grid, OWNER_BD, CLAIM.args(values), dependent=True)
-    launch(go.collide, go.owner_grid, OWNER_BD, COLLIDE.args(values), dependent=True)
-    if status is not None:
-        status.written()
-    if go.scatter is not None:
-        block = scatter.WARPS * scatter.LANES
-        launch(go.scatter, go.scatter_grid, block, SCATTER.args(values), dependent=True)
+    if status is None:
+        go.launches.run(launch, values)
+        return None
+    go.launches.run(launch, values, 0, go.checked)
+    status.written()
+    go.launches.run(launch, values, go.checked)
     return status

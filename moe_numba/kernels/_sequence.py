@@ -1,0 +1,88 @@
+"""A library call's kernel launches, planned once per call key and run by every call.
+
+The kernels of a call take their parameters by name (:class:`._family.KernelFamily`). Most of
+them follow from the call key (sizes, grids, flags); the rest are the call's own addresses
+(inputs, outputs, scratch). A :class:`LaunchSequence` holds, per launch, the kernel, its
+geometry and its parameters as a template: constants in place, and for each of the call's
+values its slot. A call passes its values as one tuple in slot order
+(:meth:`LaunchSequence.run`). On a GPU where the C launcher (:mod:`._driver_c`) is built,
+the launches run in one call from Python; elsewhere (the simulator, ``cuda.core``) each goes
+through :class:`._launch.Launcher` with its arguments filled in here.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ._family import KernelFamily
+from ._launch import RawKernel
+
+
+class Step(NamedTuple):
+    """One launch of a sequence (a programmatic dependent where the device allows:
+    :meth:`._launch.Launcher.__call__`)."""
+
+    kernel: RawKernel
+    family: KernelFamily
+    grid: int | tuple
+    block: int
+    shmem: int = 0
+
+
+class LaunchSequence:
+    """The launches of one planned call.
+
+    Parameters
+    ----------
+    steps : sequence of Step
+        The launches, in stream order.
+    constants : mapping of str to int
+        The parameters the plan fixes, by name.
+    slots : sequence of str
+        The names of the parameters each call passes, in the order of its values.
+
+    Raises
+    ------
+    TypeError
+        For a kernel parameter that is neither a constant nor a slot.
+    """
+
+    __slots__ = ("_bound", "_words", "steps")
+
+    def __init__(self, steps, constants, slots):
+        index = {name: i for i, name in enumerate(slots)}
+        self.steps = tuple(steps)
+        self._words = []  # per step: (template, slot of each word or -1)
+        for step in self.steps:
+            names = step.family.names
+            missing = [n for n in names if n not in index and n not in constants]
+            if missing:
+                raise TypeError(f"{step.family.name} takes {missing}: neither given nor planned")
+            template = tuple(0 if n in index else int(constants[n]) for n in names)
+            self._words.append((template, tuple(index.get(n, -1) for n in names)))
+        self._bound = {}  # (device, overlap) -> the C launcher's sequence
+
+    def __len__(self):
+        return len(self.steps)
+
+    def args(self, i, values):
+        """The arguments of step ``i`` for a call's ``values``."""
+        template, slots = self._words[i]
+        return tuple(c if k < 0 else values[k] for c, k in zip(template, slots, strict=True))
+
+    def words(self, i):
+        """``(template, slots)`` of step ``i`` (see the class docstring)."""
+        return self._words[i]
+
+    def bound(self, key, make):
+        """The C launcher's form of this sequence for ``key``, made by ``make()`` once."""
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bound[key] = make()
+        return bound
+
+    def run(self, launch, values, start=0, stop=None):
+        """Launch steps ``start`` up to ``stop`` (default: the last) with ``launch`` (the
+        call's :class:`._launch.Launcher`) and the call's ``values`` (a tuple in slot
+        order)."""
+        launch.sequence(self, values, start, len(self.steps) if stop is None else stop)
