@@ -251,14 +251,33 @@ def _capacities_key(plan, tokens_per_expert):
 
 
 def _plan_rows(plan, tokens_per_expert):
-    capacities = capacities_from(tokens_per_expert, plan.num_experts)
-    num_rows = _rows_needed(capacities, plan.alignment)
+    counted = _plain_capacities(tokens_per_expert, plan.num_experts, plan.alignment)
+    if counted is None:
+        capacities = capacities_from(tokens_per_expert, plan.num_experts)
+        num_rows = _rows_needed(capacities, plan.alignment)
+    else:
+        capacities, num_rows = counted
     if num_rows > MAX_ROWS:
         raise ValueError(
             f"tokens_per_expert padded to multiples of padding_alignment = {plan.alignment} "
             f"need {num_rows} rows; at most 2**31 - 1 are possible ({ROWMAP_INT32})"
         )
     return plan._replace(capacities=capacities, num_rows=num_rows)
+
+
+def _plain_capacities(tokens_per_expert, num_experts, alignment):
+    """``(capacities, rows needed)`` for the common case, a list or tuple of ``num_experts``
+    Python ints in [0, 2**63 - 1], computed without NumPy's per-call overhead (a training
+    step passes new counts every call); None for anything else, which
+    :func:`capacities_from` checks (and refuses with its errors)."""
+    if type(tokens_per_expert) not in (list, tuple) or len(tokens_per_expert) != num_experts:
+        return None
+    if num_experts == 0 or not all(type(n) is int for n in tokens_per_expert):
+        return None
+    if min(tokens_per_expert) < 0 or max(tokens_per_expert) > INT64_MAX:
+        return None
+    blocks = sum((n + alignment - 1) // alignment for n in tokens_per_expert)
+    return np.array(tokens_per_expert, dtype=np.int64), blocks * alignment
 
 
 def _rows_needed(capacities, alignment):

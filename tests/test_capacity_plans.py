@@ -39,3 +39,33 @@ def test_the_counts_type_is_part_of_the_key():
     assert with_capacities(plan, [1, 1, 1]).num_rows == 6
     with pytest.raises(TypeError, match="tokens_per_expert"):
         with_capacities(plan, [1.0, 1, 1])
+
+
+@pytest.mark.parametrize("alignment", [1, 3, 128, 2**40])
+def test_lists_of_ints_plan_as_the_checked_path_does(alignment):
+    """Lists and tuples of Python ints take a path of their own (no NumPy per call); its
+    capacities and rows are those of the checked path, for any values and alignment."""
+    from moe_numba import _contract
+
+    rng = np.random.default_rng(alignment)
+    plan = _plan(num_experts=5, alignment=alignment)
+    for values in [[0] * 5, [2**62, 1, 0, 7, 2**63 - 1], *rng.integers(0, 1000, (20, 5)).tolist()]:
+        for given in (values, tuple(values)):
+            capacities, rows = _contract._plain_capacities(given, 5, alignment)
+            checked = _contract.capacities_from(np.array(given, dtype=np.uint64), 5)
+            assert capacities.dtype == np.int64 and list(capacities) == list(checked)
+            assert rows == _contract._rows_needed(checked, alignment)
+            if rows <= _contract.MAX_ROWS:  # (and the whole plan)
+                planned = with_capacities(plan, given)
+                assert planned.num_rows == rows and list(planned.capacities) == values
+    # anything else goes to the checked path, which refuses it or plans it the same way
+    for other in (
+        [1, 2, 3, 4],
+        [1, 2, 3, 4, True],
+        [1, 2, 3, 4, np.int64(5)],
+        [1.0] * 5,
+        [-1, 0, 0, 0, 0],
+        [2**63, 0, 0, 0, 0],
+        np.arange(5),
+    ):
+        assert _contract._plain_capacities(other, 5, alignment) is None

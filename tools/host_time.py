@@ -9,15 +9,19 @@ Run on a machine with a GPU and torch::
 bf16 rows, H = 7168, K = 8, E = 64, ``validate=False``. "busy": the host time per call of
 ``n`` back-to-back calls behind a ``torch.cuda._sleep`` long enough to keep the GPU busy for
 all of them, the best of 5 rounds; "after a sync": the median over ``n`` calls each right after
-``torch.cuda.synchronize()``, the best of 2 rounds. Every piece is timed the busy way. The
-pieces call the library's internals; they are what the table names, not a public interface.
+``torch.cuda.synchronize()``, the best of 2 rounds. "permute, new counts" passes another
+``tokens_per_expert`` list in every call, as a training step does. Every piece is timed the
+busy way. The pieces call the library's internals; they are what the table names, not a
+public interface.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 
+import numpy as np
 import torch
 
 import moe_numba
@@ -71,12 +75,25 @@ def case(T, A):
     return x, routes, probs, counts, permuted, dy
 
 
+def _new_counts(counts, n=1000):
+    """An endless supply of count lists, each new (``n`` shuffles of ``counts``, in turn): a
+    training step's ``tokens_per_expert`` differs from the last one's, so nothing that is
+    remembered per value (the capacities' plan, their upload) is found."""
+    rng = np.random.default_rng(0)
+    lists = [rng.permutation(counts).tolist() for _ in range(n)]
+    return itertools.cycle(lists)
+
+
 def operations(T, A, x, routes, probs, counts, permuted, dy):
     rows, rowmap, row_probs, _ = permuted
     R = rows.shape[0]
+    fresh = _new_counts(counts)
     return {
         "permute": lambda: moe_numba.moe_permute(
             x, None, routes, probs, E, counts, A, validate=False
+        ),
+        "permute, new counts": lambda: moe_numba.moe_permute(
+            x, None, routes, probs, E, next(fresh), A, validate=False
         ),
         "unpermute": lambda: moe_numba.moe_unpermute(
             rows, rowmap, routes, row_probs, T, E, using_weighted_combine=True, validate=False
@@ -131,11 +148,11 @@ def main():
     for T, A in SHAPES:
         inputs = case(T, A)
         for name, fn in operations(T, A, *inputs).items():
-            if A == 1 and name != "permute":
+            if A == 1 and name not in ("permute", "permute, new counts"):
                 continue
             busy, after_sync = timed(fn), timed(fn, busy=False, rounds=2)
             print(
-                f"T={T:5d} A={A:3d} {name:14s} host us: GPU busy {busy:6.1f}, "
+                f"T={T:5d} A={A:3d} {name:19s} host us: GPU busy {busy:6.1f}, "
                 f"after a sync {after_sync:6.1f}",
                 flush=True,
             )
