@@ -4,6 +4,7 @@ _Step = tuple[int, tuple[int, int, int], tuple[int, int, int], int, bool, list[i
 
 def layout() -> dict[str, tuple[int, ...]]: ...
 def launch(launch_fn: int, config: int, function: int, args: tuple[int, ...]) -> int: ...
+
 @disjoint_base
 class LaunchSequence:
     @property

@@ -12,10 +12,16 @@ through :class:`._launch.Launcher` with its arguments filled in here.
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import NamedTuple
 
 from ._family import KernelFamily
 from ._launch import RawKernel
+
+
+def _one(k):
+    """The picker of a single argument (itemgetter of one index returns it bare)."""
+    return lambda values: (values[k],)
 
 
 class Step(NamedTuple):
@@ -47,12 +53,14 @@ class LaunchSequence:
         For a kernel parameter that is neither a constant nor a slot.
     """
 
-    __slots__ = ("_bound", "_words", "steps")
+    __slots__ = ("_bound", "_constants", "_picks", "_words", "steps")
 
     def __init__(self, steps, constants, slots):
         index = {name: i for i, name in enumerate(slots)}
         self.steps = tuple(steps)
         self._words = []  # per step: (template, slot of each word or -1)
+        self._picks = []  # per step: its arguments out of ``values + _constants``
+        planned = {}  # constant name -> its index in ``values + _constants``
         for step in self.steps:
             names = step.family.names
             missing = [n for n in names if n not in index and n not in constants]
@@ -60,15 +68,20 @@ class LaunchSequence:
                 raise TypeError(f"{step.family.name} takes {missing}: neither given nor planned")
             template = tuple(0 if n in index else int(constants[n]) for n in names)
             self._words.append((template, tuple(index.get(n, -1) for n in names)))
+            for n in names:
+                if n not in index:
+                    planned.setdefault(n, len(slots) + len(planned))
+            picks = [index[n] if n in index else planned[n] for n in names]
+            self._picks.append(itemgetter(*picks) if len(picks) > 1 else _one(*picks))
+        self._constants = tuple(int(constants[n]) for n in planned)
         self._bound = {}  # (device, overlap) -> the C launcher's sequence
 
     def __len__(self):
         return len(self.steps)
 
     def args(self, i, values):
-        """The arguments of step ``i`` for a call's ``values``."""
-        template, slots = self._words[i]
-        return tuple(c if k < 0 else values[k] for c, k in zip(template, slots, strict=True))
+        """The arguments of step ``i`` for a call's ``values`` (a tuple)."""
+        return self._picks[i](values + self._constants)
 
     def words(self, i):
         """``(template, slots)`` of step ``i`` (see the class docstring)."""
