@@ -76,6 +76,7 @@ class _Call:
 class _GPUBackend:
     def __init__(self):
         from .kernels import (
+            _staged,
             permute,
             permute_backward,
             sort_chunks,
@@ -88,7 +89,9 @@ class _GPUBackend:
         self._sort_chunks = sort_chunks
         self._permute_backward = permute_backward
         self._unpermute_backward = unpermute_backward
+        self._capturing = _staged.capturing
         self._capacities = BoundedCache(64)
+        self._seen = BoundedCache(256)  # capacities' keys met once (see _permute_capacities)
 
     def _capacities_on_device(self, call, capacities):
         """An int64 host array the kernels read (``tokens_per_expert``; moe_sort_chunks's
@@ -102,6 +105,22 @@ class _GPUBackend:
             key, lambda: call.library.upload(capacities, call.like)
         )
 
+    def _permute_capacities(self, call, capacities, stream):
+        """A permute's ``tokens_per_expert``: ``(device copy, None)`` for values met before,
+        or ``(None, capacities)`` for values met for the first time, which the kernels then
+        read from pinned host memory (:mod:`.kernels._staged`): the new counts of a training
+        step cost no upload, and repeated ones (fixed capacities, a captured graph) get a
+        device copy from their second call on. A stream being captured always gets the
+        copy (a graph would read the host memory again at every replay)."""
+        key = (call.library.name, call.library.device(call.like), capacities.tobytes())
+        copy = self._capacities.get(key)
+        if copy is None:
+            if self._seen.get(key) is None and not self._capturing(stream):
+                self._seen.put(key, True)
+                return None, capacities
+            copy = self._capacities.put(key, call.library.upload(capacities, call.like))
+        return call.buffer(copy), None
+
     def permute(self, plan, arrays, validate, empty=None):
         """Run ``moe_permute`` on CUDA arrays: ``(outputs, status words or None)``.
 
@@ -111,15 +130,17 @@ class _GPUBackend:
         hidden_states, scale, routemap, probs = arrays
         call = _Call(hidden_states, empty)
         out = permute_outputs(plan, call.empty)
-        capacity = None
+        stream = call.library.stream(hidden_states)
+        capacity = capacity_values = None
         if plan.capacities is not None:
-            capacity = call.buffer(self._capacities_on_device(call, plan.capacities))
+            capacity, capacity_values = self._permute_capacities(call, plan.capacities, stream)
         buffers = self._permute.PermuteBuffers(
             hidden=call.buffer(hidden_states) if plan.do_gather else None,
             scale=call.buffer(scale) if plan.gather_scale else None,
             routemap=call.buffer(routemap),
             probs=call.buffer(probs),
             capacity=capacity,
+            capacity_values=capacity_values,
             out_hidden=call.buffer(out.hidden) if plan.do_gather else None,
             out_scale=call.buffer(out.scale) if plan.gather_scale else None,
             out_rowmap=call.buffer(out.rowmap),
@@ -127,7 +148,6 @@ class _GPUBackend:
             out_indices=call.buffer(out.indices),
             routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
         )
-        stream = call.library.stream(hidden_states)
         status = self._permute.run(plan, buffers, validate, call.alloc, stream)
         return out, (status.read() if validate else None)
 

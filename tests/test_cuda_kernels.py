@@ -230,6 +230,37 @@ def test_permute_malformed_routing_and_capacities(monkeypatch):
     assert status[_abi.PERMUTE_MISMATCH] == 1
 
 
+def test_permute_capacities_met_first_are_staged_then_copied(monkeypatch):
+    """Capacities met for the first time are read from host words (kernels._staged); from
+    their second call on, and on a stream being captured, from a device copy. Every call
+    matches the oracle (run_permute calls the backend twice: validate on, then off)."""
+    monkeypatch.setattr(BACKEND, "_capacities", BoundedCache(64))
+    monkeypatch.setattr(BACKEND, "_seen", BoundedCache(256))
+    staged = []
+    real = PM.StagedWords
+
+    def recording(launch, values):
+        staged.append(list(values))
+        return real(launch, values)
+
+    monkeypatch.setattr(PM, "StagedWords", recording)
+    rng = np.random.default_rng(11)
+    T, K, E, H, A = 20, 2, 4, 2, 2
+    rm = random_routemap(rng, T, K, E)
+    probs = rng.random((T, K), dtype=np.float32)
+    hidden = rng.standard_normal((T, H)).astype(np.float32)
+    tpe = counts_of(rm, E)
+    run_permute(hidden, None, rm, probs, E, tpe, A)
+    assert staged == [list(tpe)] and len(BACKEND._capacities) == 1  # staged, then copied
+    run_permute(hidden, None, rm, probs, E, tpe, A)
+    assert len(staged) == 1  # the copy serves every later call
+    more = list(tpe)
+    more[0] += 3
+    monkeypatch.setattr(BACKEND, "_capturing", lambda stream: True)
+    run_permute(hidden, None, rm, probs, E, more, A)
+    assert len(staged) == 1 and len(BACKEND._capacities) == 2  # captured: copied at once
+
+
 @pytest.mark.parametrize("rows", [0, 23, 200])
 def test_permute_override(rows):
     rng = np.random.default_rng(4)

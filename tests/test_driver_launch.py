@@ -219,9 +219,7 @@ def test_a_failed_launch_in_a_sequence_names_its_kernel_and_stops_it(monkeypatch
     fake = _FakeCuda(result=1)
     monkeypatch.setattr(_launch, "_DRIVER", _driver.DriverLauncher(fake, c))
     monkeypatch.setattr(_launch, "_GRIDDEP", {3: True})
-    with pytest.raises(
-        RuntimeError, match=r"failed \(a\): CUDA error 1 \(an invalid argument\)"
-    ):
+    with pytest.raises(RuntimeError, match=r"failed \(a\): CUDA error 1 \(an invalid argument\)"):
         _sequence().run(_launch.Launcher(0), (1, 2))
     assert len(fake.launches) == 1  # b was not launched
 

@@ -24,10 +24,10 @@ if not SIM:
     from cuda.bindings import driver as _driver
 
 _WORDS = 8  # int64 words per block: the longest status of _abi
-_POOLS: dict[int, list[_HostBlock]] = {}
+_POOLS: dict[int, list[HostBlock]] = {}
 
 
-def _check(call, *args):
+def driver_call(call, *args):
     """Call a cuda-bindings driver function; raise on an error, return its value."""
     err, *value = call(*args)
     if err != _driver.CUresult.CUDA_SUCCESS:
@@ -35,17 +35,20 @@ def _check(call, *args):
     return value[0] if value else None
 
 
-class _HostBlock:
-    """Pinned host words the device can store into, and an event (one device's)."""
+class HostBlock:
+    """``n`` pinned host words (default: a status's) that the device can load and store
+    through its mapped address ``ptr``, and an event (one device's)."""
 
     __slots__ = ("event", "ptr", "words")
 
-    def __init__(self):
+    def __init__(self, n=_WORDS):
         flags = _driver.CU_MEMHOSTALLOC_PORTABLE | _driver.CU_MEMHOSTALLOC_DEVICEMAP
-        host = _check(_driver.cuMemHostAlloc, _WORDS * 8, flags)
-        self.ptr = int(_check(_driver.cuMemHostGetDevicePointer, host, 0))
-        self.words = np.ctypeslib.as_array((ctypes.c_int64 * _WORDS).from_address(int(host)))
-        self.event = _check(_driver.cuEventCreate, _driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+        host = driver_call(_driver.cuMemHostAlloc, n * 8, flags)
+        self.ptr = int(driver_call(_driver.cuMemHostGetDevicePointer, host, 0))
+        self.words = np.ctypeslib.as_array((ctypes.c_int64 * n).from_address(int(host)))
+        self.event = driver_call(
+            _driver.cuEventCreate, _driver.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        )
 
 
 class StatusWords:
@@ -73,21 +76,21 @@ class StatusWords:
             self.arg = np.full(n, -2, np.int64)
             return
         self._pool = _POOLS.setdefault(launch.device, [])
-        self._block = self._pool.pop() if self._pool else _HostBlock()
+        self._block = self._pool.pop() if self._pool else HostBlock()
         self._stream = launch.handle
         self.arg = self._block.ptr
 
     def written(self):
         """Mark the point on the stream after which the words are final."""
         if not SIM:
-            _check(_driver.cuEventRecord, self._block.event, self._stream)
+            driver_call(_driver.cuEventRecord, self._block.event, self._stream)
 
     def read(self):
         """Wait until the words are final; return a copy of them."""
         if SIM:
             return self.arg.copy()
         block = self._block
-        _check(_driver.cuEventSynchronize, block.event)
+        driver_call(_driver.cuEventSynchronize, block.event)
         words = block.words[: self._n].copy()
         self._pool.append(block)
         return words

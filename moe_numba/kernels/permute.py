@@ -40,6 +40,7 @@ from ._buffer import DeviceBuffer, carve
 from ._family import RoutingKey
 from ._launch import Launcher, optional_arg
 from ._sequence import LaunchSequence, Step
+from ._staged import StagedWords
 from ._status import StatusWords
 from .count import COUNT
 from .gather import GATHER, GatherKey
@@ -84,7 +85,8 @@ class PermuteBuffers(NamedTuple):
     scale: DeviceBuffer | None  # [T, scale_width] (when scale rows are copied)
     routemap: DeviceBuffer  # [T, K] int32 or int64
     probs: DeviceBuffer  # [T, K] float32
-    capacity: DeviceBuffer | None  # [E] int64 tokens_per_expert (None under override)
+    capacity: DeviceBuffer | None  # [E] int64 tokens_per_expert on the device, or None:
+    capacity_values: np.ndarray | None  # them on the host, to stage (None: override)
     out_hidden: DeviceBuffer | None
     out_scale: DeviceBuffer | None
     out_rowmap: DeviceBuffer
@@ -250,7 +252,8 @@ def run(plan, buffers, validate, alloc, stream):
     if sw < 4:
         raise ValueError("scale rows must be whole, 4-byte aligned float32/int32 words")
     bits = 8 * b.routemap_itemsize
-    override, indices = b.capacity is None, b.out_indices is not None
+    override = b.capacity is None and b.capacity_values is None
+    indices = b.out_indices is not None
     key = (T, K, E, R, hw, hnw, sw, snw, bits, validate, plan.alignment, override, indices)
     go = _LAUNCHES.get(key)
     if go is None:
@@ -258,13 +261,14 @@ def run(plan, buffers, validate, alloc, stream):
 
     launch = Launcher(stream)
     status = StatusWords(launch, _abi.PERMUTE_STATUS_LEN) if validate else None
+    staged = None if b.capacity_values is None else StagedWords(launch, b.capacity_values)
     hd, sd = _copy.WORD_DTYPE[hw], _copy.WORD_DTYPE[sw]
     values = (  # the call's values, in the order of _SLOTS
         optional_arg(b.hidden if hnw else None, hd),
         optional_arg(b.scale if snw else None, sd),
         b.routemap.kernel_arg(_INDEX_DTYPES[b.routemap_itemsize]),
         b.probs.kernel_arg(np.uint32),
-        optional_arg(b.capacity, np.int64),
+        optional_arg(b.capacity, np.int64) if staged is None else staged.arg,
         optional_arg(b.out_hidden if hnw else None, hd),
         optional_arg(b.out_scale if snw else None, sd),
         b.out_rowmap.kernel_arg(np.int32),
@@ -276,8 +280,10 @@ def run(plan, buffers, validate, alloc, stream):
     )
     if status is None:
         go.launches.run(launch, values)
-        return None
-    go.launches.run(launch, values, 0, go.counted)
-    status.written()
-    go.launches.run(launch, values, go.counted)
+    else:
+        go.launches.run(launch, values, 0, go.counted)
+        status.written()
+        go.launches.run(launch, values, go.counted)
+    if staged is not None:
+        staged.release()
     return status
