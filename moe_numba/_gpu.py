@@ -109,9 +109,9 @@ class _GPUBackend:
         """A permute's ``tokens_per_expert``: ``(device copy, None)`` for values met before,
         or ``(None, capacities)`` for values met for the first time, which the kernels then
         read from pinned host memory (:mod:`.kernels._staged`): the new counts of a training
-        step cost no upload, and repeated ones (fixed capacities, a captured graph) get a
-        device copy from their second call on. A stream being captured always gets the
-        copy (a graph would read the host memory again at every replay)."""
+        step cost no upload, and repeated ones (fixed capacities) get a device copy from
+        their second call on. A stream being captured gets the copy at once: a graph would
+        read the host block again at every replay, after it went back to its pool."""
         key = (call.library.name, call.library.device(call.like), capacities.tobytes())
         copy = self._capacities.get(key)
         if copy is None:
