@@ -19,6 +19,7 @@ import ctypes
 import numpy as np
 
 from ._intrinsics import SIM
+from ._launch import optional_arg
 
 if not SIM:
     from cuda.bindings import driver as _driver
@@ -94,3 +95,9 @@ class StatusWords:
         words = block.words[: self._n].copy()
         self._pool.append(block)
         return words
+
+
+def status_arg(status):
+    """The argument for a kernel's status pointer: the words of ``status`` (a
+    :class:`StatusWords`), or a null pointer for a call without them."""
+    return optional_arg(None, np.int64) if status is None else status.arg

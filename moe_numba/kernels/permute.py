@@ -41,7 +41,7 @@ from ._family import RoutingKey
 from ._launch import Launcher, optional_arg
 from ._sequence import LaunchSequence, Step
 from ._staged import StagedWords
-from ._status import StatusWords
+from ._status import StatusWords, status_arg
 from .count import COUNT
 from .gather import GATHER, GatherKey
 from .scan import COUNT_SCAN, SCAN
@@ -275,15 +275,10 @@ def run(plan, buffers, validate, alloc, stream):
         optional_arg(b.out_probs if R else None, np.uint32),
         optional_arg(b.out_indices if R else None, np.int32),
         # (without validate the scan writes no status words)
-        optional_arg(None, np.int64) if status is None else status.arg,
+        status_arg(status),
         *carve(alloc, go.scratch),
     )
-    if status is None:
-        go.launches.run(launch, values)
-    else:
-        go.launches.run(launch, values, 0, go.counted)
-        status.written()
-        go.launches.run(launch, values, go.counted)
+    go.launches.run_checked(launch, values, status, go.counted)
     if staged is not None:
         staged.release()
     return status

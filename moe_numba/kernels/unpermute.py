@@ -32,7 +32,7 @@ from ._copy import WORD_DTYPE, row_parts, word_width
 from ._family import NoKey, RoutingKey
 from ._launch import Launcher, optional_arg
 from ._sequence import LaunchSequence, Step
-from ._status import StatusWords
+from ._status import StatusWords, status_arg
 from .check import CHECK, INIT
 from .combine import (
     COMBINE,
@@ -184,12 +184,7 @@ def run(plan, buffers, validate, alloc, stream, slots=SLOT_PROBS):
         optional_arg(b.out_probs, np.float32),
         R,
         check_scratch(alloc) if validate else optional_arg(None, np.int64),
-        optional_arg(None, np.int64) if status is None else status.arg,
+        status_arg(status),
     )
-    if status is None:
-        go.launches.run(launch, values)
-        return None
-    go.launches.run(launch, values, 0, go.checked)
-    status.written()
-    go.launches.run(launch, values, go.checked)
+    go.launches.run_checked(launch, values, status, go.checked)
     return status

@@ -35,7 +35,7 @@ from ._copy import WORD_DTYPE, word_width
 from ._family import NoKey
 from ._launch import Launcher, optional_arg
 from ._sequence import LaunchSequence, Step
-from ._status import StatusWords
+from ._status import StatusWords, status_arg
 from .combine import ITEMSIZE, widths
 from .owner import CLAIM, COLLIDE
 from .scatter import SCATTER, ScatterKey
@@ -192,12 +192,7 @@ def run(plan, buffers, validate, alloc, stream):
         optional_arg(b.out_probs if R else None, np.uint32),
         0 if b.grad_probs is None else 1,
         check_scratch(alloc) if validate else optional_arg(None, np.int64),
-        optional_arg(None, np.int64) if status is None else status.arg,
+        status_arg(status),
     )
-    if status is None:
-        go.launches.run(launch, values)
-        return None
-    go.launches.run(launch, values, 0, go.checked)
-    status.written()
-    go.launches.run(launch, values, go.checked)
+    go.launches.run_checked(launch, values, status, go.checked)
     return status
