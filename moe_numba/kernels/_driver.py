@@ -104,7 +104,9 @@ class DriverLauncher:
 
     ``function`` is the kernel's ``CUfunction``/``CUkernel`` handle as an int, ``config`` the
     address from :meth:`config`, ``args`` the kernel's parameters as ints, ``name`` the
-    kernel's name for an error.
+    kernel's name for an error. ``libcuda`` is the driver library opened with ctypes;
+    ``c_launcher``, the :mod:`._driver_c` module or None, packs and calls in C instead
+    (its sequences call the driver at :attr:`address`).
     """
 
     def __init__(self, libcuda, c_launcher=None):

@@ -10,8 +10,11 @@ costs a fraction of that (docs/performance.rst). So every kernel of this package
 - compiled once per explicit signature on first use (``dispatcher.compile(sig)``), its
   ``cuda.core`` kernel object cached per device,
 - launched with raw device addresses (Python ints) on the caller's stream, through
-  ``cuLaunchKernelEx`` called with ctypes (:mod:`._driver`), or through ``cuda.core.launch``
-  where libcuda cannot be opened that way.
+  ``cuLaunchKernelEx`` (:mod:`._driver`: packed and called from C by :mod:`._driver_c`
+  where that extension is built, else with ctypes), or through ``cuda.core.launch`` where
+  libcuda cannot be opened that way. A call's launches, planned once per call key as a
+  :class:`._sequence.LaunchSequence`, go to the driver in one call from Python
+  (:meth:`Launcher.sequence`).
 
 Under the CUDA simulator the same dispatcher is called the normal way with the NumPy arrays
 that back the simulated buffers (``DeviceBuffer.kernel_arg``); the simulator ignores the
