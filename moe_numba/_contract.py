@@ -272,7 +272,7 @@ def _plain_capacities(tokens_per_expert, num_experts, alignment):
     :func:`capacities_from` checks (and refuses with its errors)."""
     if type(tokens_per_expert) not in (list, tuple) or len(tokens_per_expert) != num_experts:
         return None
-    if num_experts == 0 or not all(type(n) is int for n in tokens_per_expert):
+    if not all(type(n) is int for n in tokens_per_expert):
         return None
     if min(tokens_per_expert) < 0 or max(tokens_per_expert) > INT64_MAX:
         return None

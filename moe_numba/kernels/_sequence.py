@@ -53,25 +53,25 @@ class LaunchSequence:
         For a kernel parameter that is neither a constant nor a slot.
     """
 
-    __slots__ = ("_bound", "_constants", "_picks", "_words", "steps")
+    __slots__ = ("_bound", "_constants", "_indices", "_picks", "_slots", "steps")
 
     def __init__(self, steps, constants, slots):
         index = {name: i for i, name in enumerate(slots)}
         self.steps = tuple(steps)
-        self._words = []  # per step: (template, slot of each word or -1)
-        self._picks = []  # per step: its arguments out of ``values + _constants``
+        self._slots = len(slots)
         planned = {}  # constant name -> its index in ``values + _constants``
+        self._indices = []  # per step: the index of each parameter in ``values + _constants``
+        self._picks = []  # per step: the getter of those
         for step in self.steps:
             names = step.family.names
             missing = [n for n in names if n not in index and n not in constants]
             if missing:
                 raise TypeError(f"{step.family.name} takes {missing}: neither given nor planned")
-            template = tuple(0 if n in index else int(constants[n]) for n in names)
-            self._words.append((template, tuple(index.get(n, -1) for n in names)))
             for n in names:
                 if n not in index:
                     planned.setdefault(n, len(slots) + len(planned))
-            picks = [index[n] if n in index else planned[n] for n in names]
+            picks = tuple(index[n] if n in index else planned[n] for n in names)
+            self._indices.append(picks)
             self._picks.append(itemgetter(*picks) if len(picks) > 1 else _one(*picks))
         self._constants = tuple(int(constants[n]) for n in planned)
         self._bound = {}  # (device, overlap) -> the C launcher's sequence
@@ -84,8 +84,13 @@ class LaunchSequence:
         return self._picks[i](values + self._constants)
 
     def words(self, i):
-        """``(template, slots)`` of step ``i`` (see the class docstring)."""
-        return self._words[i]
+        """``(template, slots)`` of step ``i``: its parameter words with the constants in
+        place (0 for the others), and per word the index of the call's value that takes it,
+        or -1 for a constant."""
+        n = self._slots
+        indices = self._indices[i]
+        template = tuple(self._constants[k - n] if k >= n else 0 for k in indices)
+        return template, tuple(k if k < n else -1 for k in indices)
 
     def bound(self, key, make):
         """The C launcher's form of this sequence for ``key``, made by ``make()`` once."""
