@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 from ._cache import BoundedCache
+from ._capacities import with_capacities
 from ._contract import (
     ArrayMeta,
     PermuteArrays,
@@ -15,7 +16,6 @@ from ._contract import (
     check_unpermute_metadata,
     raise_for_permute_status,
     raise_for_unpermute_status,
-    with_capacities,
 )
 from ._dispatch import call_key, check_arrays, check_given, locate
 from ._libraries import array_library

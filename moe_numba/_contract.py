@@ -17,8 +17,6 @@ import ml_dtypes
 import numpy as np
 
 from . import _abi
-from ._cache import BoundedCache
-from ._libraries import classify, dlpack_cuda
 
 # frozensets: a dtype is hashed once instead of compared with each entry
 HIDDEN_DTYPES = frozenset(
@@ -46,10 +44,6 @@ INT64_MAX = 2**63 - 1
 MAX_ROWS = 2**31 - 1
 ROWMAP_INT32 = "zipped_expertwise_rowmap holds int32 row numbers"
 
-# A training loop repeats the same metadata and often the same capacities: their checks run once.
-# (id of a metadata plan, tokens_per_expert) -> (that plan, the plan with rows)
-_capacity_plans = BoundedCache(256)
-
 
 def _names(dtypes):
     return ", ".join(sorted(str(d) for d in dtypes))
@@ -65,7 +59,7 @@ def check_bool(name, value):
 def check_int(name, value, minimum, maximum=INT64_MAX, why="int64"):
     """``value`` must be an integer (not a bool) in [``minimum``, ``maximum``]; returns it
     as ``int``. ``why`` says where the maximum comes from."""
-    if not _is_int(value):
+    if not is_int(value):
         raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}")
     value = operator.index(value)  # exact: NumPy's unsigned values keep their value
     if value < minimum:
@@ -100,68 +94,7 @@ def check_ndim(name, shape, ndim, meaning):
         raise ValueError(f"{name} must be {ndim}-D {meaning}; got shape {tuple(shape)}")
 
 
-def capacities_from(tokens_per_expert, num_experts):
-    """``tokens_per_expert`` as an int64 NumPy array of ``num_experts`` values >= 0."""
-    if tokens_per_expert is None or isinstance(tokens_per_expert, (str, bytes)):
-        raise TypeError(
-            "tokens_per_expert must be a sequence of num_experts ints (or pass "
-            f"override_buffer_size >= 0); got {type(tokens_per_expert).__name__}"
-        )
-    library = classify(tokens_per_expert)
-    if (library is not None and library.location == "cuda") or dlpack_cuda(tokens_per_expert):
-        raise TypeError(
-            "tokens_per_expert must be a host sequence of ints (list, tuple or NumPy array); "
-            f"got a CUDA array ({type(tokens_per_expert).__name__}); use "
-            "override_buffer_size to count on the device"
-        )
-    try:
-        values = np.asarray(tokens_per_expert)
-    except Exception as error:  # e.g. a ragged nested list
-        raise TypeError(
-            f"tokens_per_expert must be a sequence of ints; got {tokens_per_expert!r}"
-        ) from error
-    given_array = isinstance(tokens_per_expert, np.ndarray)
-    if values.ndim > 1 and not given_array:
-        raise TypeError(
-            "tokens_per_expert must be a flat sequence of ints; got a sequence of sequences "
-            f"(shape {values.shape})"
-        )
-    if (
-        values.ndim == 1
-        and values.dtype.kind in "fO"
-        and not given_array
-        and all(map(_is_int, tokens_per_expert))
-    ):
-        # ints that no NumPy integer type holds together (past uint64, or 2**63 next to a
-        # negative) come out as objects or floats: check them as the ints given
-        values = np.array([operator.index(x) for x in tokens_per_expert], dtype=object)
-    elif values.dtype == np.bool_ or not (
-        np.issubdtype(values.dtype, np.integer) or values.size == 0
-    ):
-        raise TypeError(
-            f"tokens_per_expert must hold ints; got dtype {values.dtype} "
-            f"({type(tokens_per_expert).__name__})"
-        )
-    if values.shape != (num_experts,):
-        raise ValueError(
-            f"tokens_per_expert must hold num_experts = {num_experts} values; "
-            f"got shape {values.shape}"
-        )
-    if values.size and values.min() < 0:
-        e = int(np.argmin(values))
-        raise ValueError(
-            f"tokens_per_expert must be >= 0; got tokens_per_expert[{e}] = {int(values[e])}"
-        )
-    if values.size and values.max() > INT64_MAX:  # uint64, or Python ints
-        e = int(np.argmax(values))
-        raise ValueError(
-            f"tokens_per_expert must be at most 2**63 - 1 (int64); got "
-            f"tokens_per_expert[{e}] = {int(values[e])}"
-        )
-    return values.astype(np.int64)
-
-
-def _is_int(x):
+def is_int(x):
     """Whether ``x`` is an integer and not a bool (Python's or NumPy's)."""
     return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
 
@@ -222,72 +155,6 @@ class PermutePlan(NamedTuple):
     def scale_row_bytes(self):
         """Bytes of one scale row (0 when no scale rows are gathered)."""
         return self.scale_width * 4 if self.gather_scale else 0
-
-
-def with_capacities(plan, tokens_per_expert):
-    """``plan`` with its capacities and row count (unchanged under ``override_buffer_size``).
-
-    Raises ``TypeError``/``ValueError`` for a bad ``tokens_per_expert``.
-    """
-    if plan.num_rows >= 0:
-        return plan
-    key = _capacities_key(plan, tokens_per_expert)
-    # (the entry keeps its plan alive, so an entry found by id(plan) is this plan's)
-    entry = _capacity_plans.get_or_compute(key, lambda: (plan, _plan_rows(plan, tokens_per_expert)))
-    return entry[1]
-
-
-def _capacities_key(plan, tokens_per_expert):
-    """A key for ``plan`` with these capacities (values and their types: ``[2.0]`` must still
-    fail as ``[2]`` passes), or None for a type not worth keying. The plan enters by its id
-    (plans come from the metadata cache, one object per call key): its entry keeps the plan,
-    so the id cannot be reused while the entry lives."""
-    if type(tokens_per_expert) in (list, tuple):
-        return id(plan), tuple(tokens_per_expert), tuple(map(type, tokens_per_expert))
-    if type(tokens_per_expert) is np.ndarray:
-        array = tokens_per_expert
-        return id(plan), array.dtype, array.shape, array.tobytes()
-    return None
-
-
-def _plan_rows(plan, tokens_per_expert):
-    counted = _plain_capacities(tokens_per_expert, plan.num_experts, plan.alignment)
-    if counted is None:
-        capacities = capacities_from(tokens_per_expert, plan.num_experts)
-        num_rows = _rows_needed(capacities, plan.alignment)
-    else:
-        capacities, num_rows = counted
-    if num_rows > MAX_ROWS:
-        raise ValueError(
-            f"tokens_per_expert padded to multiples of padding_alignment = {plan.alignment} "
-            f"need {num_rows} rows; at most 2**31 - 1 are possible ({ROWMAP_INT32})"
-        )
-    return plan._replace(capacities=capacities, num_rows=num_rows)
-
-
-def _plain_capacities(tokens_per_expert, num_experts, alignment):
-    """``(capacities, rows needed)`` for the common case, a list or tuple of ``num_experts``
-    Python ints in [0, 2**63 - 1], computed without NumPy's per-call overhead (a training
-    step passes new counts every call); None for anything else, which
-    :func:`capacities_from` checks (and refuses with its errors)."""
-    if type(tokens_per_expert) not in (list, tuple) or len(tokens_per_expert) != num_experts:
-        return None
-    if not all(type(n) is int for n in tokens_per_expert):
-        return None
-    if min(tokens_per_expert) < 0 or max(tokens_per_expert) > INT64_MAX:
-        return None
-    blocks = sum((n + alignment - 1) // alignment for n in tokens_per_expert)
-    return np.array(tokens_per_expert, dtype=np.int64), blocks * alignment
-
-
-def _rows_needed(capacities, alignment):
-    """``sum_e ceil(n_e / A) * A`` for int64 capacities ``n_e`` >= 0, exact (a Python int:
-    with large capacities or alignments the sum passes what int64 holds)."""
-    if capacities.size == 0:
-        return 0
-    if (int(capacities.max()) + alignment) * capacities.size <= INT64_MAX:  # (the usual case)
-        return int((-(-capacities // alignment) * alignment).sum())
-    return sum(-(-n // alignment) * alignment for n in capacities.tolist())
 
 
 def check_permute_metadata(

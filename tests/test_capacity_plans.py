@@ -1,4 +1,4 @@
-"""The capacities' plan of a permute call (``_contract.with_capacities``) is remembered per
+"""The capacities' plan of a permute call (``_capacities.with_capacities``) is remembered per
 metadata plan object and per ``tokens_per_expert`` value: equal plans that are different
 objects, changed counts and counts of another type each get their own, right, plan."""
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from moe_numba import _api
-from moe_numba._contract import PermuteArrays, with_capacities
+from moe_numba._capacities import with_capacities
+from moe_numba._contract import PermuteArrays
 
 
 def _plan(num_experts=3, alignment=2):
@@ -45,17 +46,17 @@ def test_the_counts_type_is_part_of_the_key():
 def test_lists_of_ints_plan_as_the_checked_path_does(alignment):
     """Lists and tuples of Python ints take a path of their own (no NumPy per call); its
     capacities and rows are those of the checked path, for any values and alignment."""
-    from moe_numba import _contract
+    from moe_numba import _capacities
 
     rng = np.random.default_rng(alignment)
     plan = _plan(num_experts=5, alignment=alignment)
     for values in [[0] * 5, [2**62, 1, 0, 7, 2**63 - 1], *rng.integers(0, 1000, (20, 5)).tolist()]:
         for given in (values, tuple(values)):
-            capacities, rows = _contract._plain_capacities(given, 5, alignment)
-            checked = _contract.capacities_from(np.array(given, dtype=np.uint64), 5)
+            capacities, rows = _capacities._plain_capacities(given, 5, alignment)
+            checked = _capacities.capacities_from(np.array(given, dtype=np.uint64), 5)
             assert capacities.dtype == np.int64 and list(capacities) == list(checked)
-            assert rows == _contract._rows_needed(checked, alignment)
-            if rows <= _contract.MAX_ROWS:  # (and the whole plan)
+            assert rows == _capacities._rows_needed(checked, alignment)
+            if rows <= _capacities.MAX_ROWS:  # (and the whole plan)
                 planned = with_capacities(plan, given)
                 assert planned.num_rows == rows and list(planned.capacities) == values
     # anything else goes to the checked path, which refuses it or plans it the same way
@@ -68,4 +69,4 @@ def test_lists_of_ints_plan_as_the_checked_path_does(alignment):
         [2**63, 0, 0, 0, 0],
         np.arange(5),
     ):
-        assert _contract._plain_capacities(other, 5, alignment) is None
+        assert _capacities._plain_capacities(other, 5, alignment) is None

@@ -19,7 +19,8 @@ import moe_cpu
 from _cases import FLOAT8, HIDDEN_DTYPES, bits, counts_of, garbage, metadata
 from moe_cpu._parallel import copy_rows
 from moe_numba import _abi, _cpu, _oracle
-from moe_numba._contract import PermuteArrays, check_permute_metadata, with_capacities
+from moe_numba._capacities import with_capacities
+from moe_numba._contract import PermuteArrays, check_permute_metadata
 
 HYPOTHESIS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -18,12 +18,12 @@ pytestmark = pytest.mark.sim  # calls the kernels with host arrays (conftest ski
 
 from moe_numba import _abi, _oracle  # noqa: E402
 from moe_numba._cache import BoundedCache  # noqa: E402
+from moe_numba._capacities import with_capacities  # noqa: E402
 from moe_numba._contract import (  # noqa: E402
     PermuteArrays,
     PermutePlan,
     UnpermuteArrays,
     UnpermutePlan,
-    with_capacities,
 )
 
 if config.ENABLE_CUDASIM:

@@ -26,7 +26,8 @@ import torch
 
 import moe_numba
 from moe_numba import _api, _gpu
-from moe_numba._contract import PermuteArrays, with_capacities
+from moe_numba._capacities import with_capacities
+from moe_numba._contract import PermuteArrays
 from moe_numba._dispatch import call_key
 from moe_numba._outputs import permute_outputs
 from moe_numba.bench._hold import HOLD

@@ -21,10 +21,10 @@ from torch import Tensor
 
 from .. import _api
 from .._api_backward import moe_permute_backward, moe_unpermute_backward
+from .._capacities import capacities_from, padded_rows
 from .._contract import (
     PermuteArrays,
     UnpermuteArrays,
-    capacities_from,
     check_permute_metadata,
     check_unpermute_metadata,
 )
@@ -119,11 +119,6 @@ def _concrete(*values):
     return not any(isinstance(v, torch.SymInt) for v in values)
 
 
-def _rows_needed(tokens_per_expert, padding_alignment):
-    """``sum_e ceil(n_e / A) * A``, also for traced counts."""
-    return sum(-(-n // padding_alignment) * padding_alignment for n in tokens_per_expert)
-
-
 @permute.register_fake
 def _(
     hidden_states,
@@ -158,7 +153,7 @@ def _(
     if override_buffer_size >= 0:
         num_rows = override_buffer_size
     else:
-        num_rows = _rows_needed(counts, padding_alignment)
+        num_rows = padded_rows(counts, padding_alignment)
     num_tokens, hidden = hidden_states.shape
     new = hidden_states.new_empty
     gather_scale = do_gather and scale is not None
