@@ -93,17 +93,22 @@ class _GPUBackend:
         self._capacities = BoundedCache(64)
         self._seen = BoundedCache(256)  # capacities' keys met once (see _permute_capacities)
 
-    def _capacities_on_device(self, call, capacities):
+    def _capacities_on_device(self, call, capacities, key=None):
         """An int64 host array the kernels read (``tokens_per_expert``; moe_sort_chunks's
-        host sizes and order) on the arrays' device, uploaded once per distinct value.
+        host sizes and order) on the arrays' device, uploaded once per distinct value
+        (``key``: :meth:`_capacities_key`, when the caller has it).
 
         The kernels only read it, so a copy can serve every later call with the same values
-        (fixed capacities are common in serving); a training step with new counts uploads.
+        (fixed capacities are common in serving).
         """
-        key = (call.library.name, call.library.device(call.like), capacities.tobytes())
+        key = self._capacities_key(call, capacities) if key is None else key
         return self._capacities.get_or_compute(
             key, lambda: call.library.upload(capacities, call.like)
         )
+
+    @staticmethod
+    def _capacities_key(call, capacities):
+        return (call.library.name, call.library.device(call.like), capacities.tobytes())
 
     def _permute_capacities(self, call, capacities, stream):
         """A permute's ``tokens_per_expert``: ``(device copy, None)`` for values met before,
@@ -112,14 +117,12 @@ class _GPUBackend:
         step cost no upload, and repeated ones (fixed capacities) get a device copy from
         their second call on. A stream being captured gets the copy at once: a graph would
         read the host block again at every replay, after it went back to its pool."""
-        key = (call.library.name, call.library.device(call.like), capacities.tobytes())
-        copy = self._capacities.get(key)
-        if copy is None:
-            if self._seen.get(key) is None and not self._capturing(stream):
-                self._seen.put(key, True)
-                return None, capacities
-            copy = self._capacities.put(key, call.library.upload(capacities, call.like))
-        return call.buffer(copy), None
+        key = self._capacities_key(call, capacities)
+        met = self._capacities.get(key) is not None or self._seen.get(key) is not None
+        if not met and not self._capturing(stream):
+            self._seen.put(key, True)
+            return None, capacities
+        return call.buffer(self._capacities_on_device(call, capacities, key)), None
 
     def permute(self, plan, arrays, validate, empty=None):
         """Run ``moe_permute`` on CUDA arrays: ``(outputs, status words or None)``.
