@@ -28,6 +28,11 @@ object with ``__cuda_array_interface__``. Outputs are of the caller's kind."""
 _permute_calls = BoundedCache(256)  # call key -> (backend, metadata plan)
 _unpermute_calls = BoundedCache(256)
 
+# op name -> the repeat of a recorded call: the op's arguments in -> its outputs, or None
+# where none repeats this call. moe_numba.torch._replay fills it when torch tensors first
+# reach moe_numba (its replays are of untraced calls on torch CUDA tensors).
+REPLAYS = {}
+
 
 def _metadata(arrays):
     """The shape and dtype of each array (None stays None), as the contract reads them."""
@@ -183,6 +188,24 @@ def moe_permute(
            [-1,  2, -1],
            [ 1,  3, -1]], dtype=int32)
     """
+    replay = REPLAYS.get("permute")
+    if replay is not None:
+        outputs = replay(
+            hidden_states,
+            scale,
+            expert_routemap_topk,
+            expert_prob_topk,
+            num_experts,
+            tokens_per_expert,
+            padding_alignment,
+            do_gather,
+            using_ue8m0_scale,
+            return_expert_indices,
+            override_buffer_size,
+            validate,
+        )
+        if outputs is not None:
+            return outputs
     return _moe_permute(
         hidden_states,
         scale,
@@ -348,6 +371,21 @@ def moe_unpermute(
     >>> slot_probs
     array([[0.75, 0.25]], dtype=float32)
     """
+    replay = REPLAYS.get("unpermute")
+    if replay is not None:
+        outputs = replay(
+            hidden_states_unzipped,
+            zipped_expertwise_rowmap,
+            expert_routemap_topk,
+            token_prob_unzipped,
+            total_zipped_tokens,
+            num_experts,
+            using_mix_precision,
+            using_weighted_combine,
+            validate,
+        )
+        if outputs is not None:
+            return outputs
     return _moe_unpermute(
         hidden_states_unzipped,
         zipped_expertwise_rowmap,

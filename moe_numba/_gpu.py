@@ -14,6 +14,8 @@ from ._contract_sort import sort_outputs
 from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError
 from ._libraries import array_library
 from ._outputs import permute_outputs, unpermute_outputs
+from .kernels._buffer import DeviceBuffer
+from .kernels._replay import Address, RecordingLauncher, replay_sequence
 
 _BACKEND = None
 
@@ -62,7 +64,11 @@ class _Call:
         # rounded up so that every scratch buffer can be read as 16-byte words
         scratch = self.empty((max(16, -(-nbytes // 16) * 16),), np.uint8)
         self.scratch.append(scratch)
-        return self.library.buffer(scratch)
+        return self.buffer(scratch)
+
+    def stream(self, x):
+        """The stream the call's kernels go to: the current one of ``x``'s library."""
+        return self.library.stream(x)
 
     def buffer(self, x):
         if x is None:
@@ -71,6 +77,74 @@ class _Call:
         # the call on the GPU; another type may come from another library)
         library = self.library if type(x) is self._kind else array_library(x)
         return library.buffer(x)
+
+
+class RecordedCall(_Call):
+    """A :class:`_Call` that records what a replay of it needs (:mod:`.kernels._replay`).
+
+    ``arrays`` are the op's arrays (its NamedTuple). Every address the kernels get is an
+    :class:`~.kernels._replay.Address` of its source: ``arrays[i]`` is source ``i``, the
+    ``j``-th allocation source ``len(arrays) + j``. A buffer of anything else (a cached
+    device copy of capacities) is a constant of the replay, and :attr:`kept` holds it.
+    After the call, :meth:`replay` says what to repeat.
+    """
+
+    def __init__(self, arrays):
+        super().__init__(next(x for x in arrays if x is not None))
+        self.arrays = arrays
+        self.allocations = []  # (shape, dtype) of each, in order
+        self.allocated = []
+        self.kept = []
+        self.launcher = None
+        self.refused = False  # set by an op whose call a replay cannot repeat
+        self._sources = {id(x): i for i, x in enumerate(arrays) if x is not None}
+
+    def empty(self, shape, dtype):
+        x = super().empty(shape, dtype)
+        self._sources[id(x)] = len(self.arrays) + len(self.allocated)
+        self.allocations.append((tuple(shape), dtype))
+        self.allocated.append(x)
+        return x
+
+    def buffer(self, x):
+        buf = super().buffer(x)
+        if buf is None:
+            return None
+        source = self._sources.get(id(x))
+        if source is None:
+            self.kept.append(x)
+            return buf
+        return DeviceBuffer(Address(buf.ptr, source), buf.nbytes)
+
+    def stream(self, x):
+        self.launcher = RecordingLauncher(super().stream(x))
+        return self.launcher
+
+    def replay(self, result):
+        """``(sequence, kernel names, outputs)`` of the call, or None where it cannot be
+        replayed: ``sequence`` as :func:`.kernels._replay.replay_sequence` gives it, and
+        per element of ``result`` (the op's returned arrays, None where it returns none)
+        the index of its allocation, or -1 for None.
+
+        Refused: a call whose arrays repeat one object (its sources would be ambiguous),
+        an allocation not 16-byte aligned (the kernels' word widths follow alignment), a
+        returned array that the call did not allocate.
+        """
+        given = [x for x in self.arrays if x is not None]
+        if (
+            self.refused
+            or self.launcher is None
+            or len(self._sources) != len(given) + len(self.allocated)
+        ):
+            return None
+        index = {id(x): j for j, x in enumerate(self.allocated)}
+        index[id(None)] = -1
+        outputs = tuple(index.get(id(x)) for x in result)
+        aligned = all(self.buffer(x).ptr % 16 == 0 for x in self.allocated)
+        launches = replay_sequence(self.launcher)
+        if launches is None or None in outputs or not aligned:
+            return None
+        return (*launches, outputs)
 
 
 class _GPUBackend:
@@ -124,19 +198,21 @@ class _GPUBackend:
             return None, capacities
         return call.buffer(self._capacities_on_device(call, capacities, key)), None
 
-    def permute(self, plan, arrays, validate, empty=None):
+    def permute(self, plan, arrays, validate, empty=None, call=None):
         """Run ``moe_permute`` on CUDA arrays: ``(outputs, status words or None)``.
 
         ``empty(shape, dtype)``, when given, allocates the outputs and scratch instead of
-        the arrays' library.
+        the arrays' library; ``call``, when given, is a :class:`RecordedCall` of ``arrays``
+        (every op takes both).
         """
         hidden_states, scale, routemap, probs = arrays
-        call = _Call(hidden_states, empty)
+        call = _Call(hidden_states, empty) if call is None else call
         out = permute_outputs(plan, call.empty)
-        stream = call.library.stream(hidden_states)
+        stream = call.stream(hidden_states)
         capacity = capacity_values = None
         if plan.capacities is not None:
             capacity, capacity_values = self._permute_capacities(call, plan.capacities, stream)
+            call.refused = capacity_values is not None  # (staged: a block of this call only)
         buffers = self._permute.PermuteBuffers(
             hidden=call.buffer(hidden_states) if plan.do_gather else None,
             scale=call.buffer(scale) if plan.gather_scale else None,
@@ -154,12 +230,12 @@ class _GPUBackend:
         status = self._permute.run(plan, buffers, validate, call.alloc, stream)
         return out, (status.read() if validate else None)
 
-    def unpermute(self, plan, arrays, validate, empty=None):
+    def unpermute(self, plan, arrays, validate, empty=None, call=None):
         """Run ``moe_unpermute`` on CUDA arrays: ``(outputs, status words or None)``.
 
-        ``empty`` as for :meth:`permute`.
+        ``empty`` and ``call`` as for :meth:`permute`.
         """
-        call = _Call(arrays.hidden_states_unzipped, empty)
+        call = _Call(arrays.hidden_states_unzipped, empty) if call is None else call
         outputs = unpermute_outputs(plan, call.empty)
         return self._combine(self._unpermute.run, call, plan, arrays, outputs, validate)
 
@@ -178,7 +254,7 @@ class _GPUBackend:
             out_probs=call.buffer(slot_probs),
             routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
         )
-        status = run(plan, buffers, validate, call.alloc, call.library.stream(call.like))
+        status = run(plan, buffers, validate, call.alloc, call.stream(call.like))
         return outputs, (status.read() if validate else None)
 
     def sort_chunks(self, plan, arrays, validate, empty=None):
@@ -208,13 +284,14 @@ class _GPUBackend:
 
     # The gradient ops (docs/gradients.rst), the same interface.
 
-    def permute_backward(self, plan, arrays, validate, empty=None):
+    def permute_backward(self, plan, arrays, validate, empty=None, call=None):
         """Run ``moe_permute_backward`` on CUDA arrays: ``(outputs, status words or None)``.
 
-        ``empty`` as for :meth:`permute`.
+        ``empty`` and ``call`` as for :meth:`permute`.
         """
         grad_rows, grad_probs = arrays.grad_hidden_states_unzipped, arrays.grad_token_prob_unzipped
-        call = _Call(grad_rows if grad_rows is not None else grad_probs, empty)
+        if call is None:
+            call = _Call(grad_rows if grad_rows is not None else grad_probs, empty)
         T = plan.num_tokens
         hidden = call.empty((T, plan.hidden), plan.dtype) if plan.grad_hidden else None
         probs = call.empty((T, plan.topk), np.float32) if plan.grad_prob else None
@@ -224,14 +301,14 @@ class _GPUBackend:
         run = self._permute_backward.run
         return self._combine(run, call, plan, combine, (hidden, probs), validate)
 
-    def unpermute_backward(self, plan, arrays, validate, empty=None):
+    def unpermute_backward(self, plan, arrays, validate, empty=None, call=None):
         """Run ``moe_unpermute_backward`` on CUDA arrays: ``(outputs, status words or
         None)``.
 
-        ``empty`` as for :meth:`permute`.
+        ``empty`` and ``call`` as for :meth:`permute`.
         """
         dy, g, xu, rowmap, routemap, p = arrays
-        call = _Call(rowmap, empty)
+        call = _Call(rowmap, empty) if call is None else call
         rows, probs = unpermute_backward_outputs(plan, call.empty)
         scaled = plan.weighted and plan.grad_hidden
         buffers = self._unpermute_backward.UnpermuteBackwardBuffers(
@@ -245,6 +322,6 @@ class _GPUBackend:
             out_probs=call.buffer(probs),
             routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
         )
-        stream = call.library.stream(rowmap)
+        stream = call.stream(rowmap)
         status = self._unpermute_backward.run(plan, buffers, validate, call.alloc, stream)
         return (rows, probs), (status.read() if validate else None)

@@ -124,9 +124,13 @@ class DriverLauncher:
         self._words = _Words()
         self.c = c_launcher  # the C extension, or None
         self.address = ctypes.cast(self._launch, ctypes.c_void_p).value  # of cuLaunchKernelEx
+        self._get_device_address = ctypes.cast(self._get_device, ctypes.c_void_p).value
 
     def current_device(self):
         """The device of the calling thread's current context, or None without one."""
+        if self.c is not None:
+            device = self.c.context_device(self._get_device_address)
+            return None if device < 0 else device
         device = ctypes.c_int(0)
         if self._get_device(ctypes.byref(device)):
             return None

@@ -44,6 +44,16 @@ cdef struct Config:
     unsigned int num_attrs
 
 ctypedef int (*LaunchFn)(const Config *, void *, void **, void **) noexcept nogil
+ctypedef int (*DeviceFn)(int *) noexcept nogil
+
+
+def context_device(uintptr_t get_device):
+    """The device of the calling thread's current context (``cuCtxGetDevice`` at
+    ``get_device``), or -1 without one."""
+    cdef int device = 0
+    if (<DeviceFn>get_device)(&device):
+        return -1
+    return device
 
 
 def layout():
@@ -93,8 +103,8 @@ cdef struct Step:
     Attribute attribute
     void *function
     int n
-    int64_t *template  # the words, constants in place
-    int *slots  # per word: -1 (the template's) or the index of the call's value it takes
+    int64_t *template  # the words: constants, and offsets of the words that take a value
+    int *slots  # per word: -1 (the template's) or the index of the call's value added to it
 
 
 cdef class LaunchSequence:
@@ -108,7 +118,8 @@ cdef class LaunchSequence:
         Per launch ``(function, grid, block, shmem, dependent, template, slots)``: the kernel
         handle (``CUkernel``/``CUfunction`` as an int), grid and block as 3 ints each, the
         dynamic shared memory, whether it is a programmatic dependent, the parameter words
-        (ints) and, per word, -1 or the index of the value of :meth:`run` that replaces it.
+        (ints) and, per word, -1 (the word as it is) or the index of the value of
+        :meth:`run` that is added to it (an address plus the word's offset).
     """
 
     cdef LaunchFn fn
@@ -155,7 +166,7 @@ cdef class LaunchSequence:
 
     def run(self, uintptr_t stream, tuple values, int start, int stop):
         """Launch steps ``start`` to ``stop - 1`` on ``stream`` (a ``CUstream`` as an int),
-        each word of a slot taken from ``values`` (ints).
+        each word of a slot its template word plus its value of ``values`` (ints).
 
         Returns None, or ``(step, driver result)`` for the first launch that failed (the
         steps after it are not launched).
@@ -174,7 +185,7 @@ cdef class LaunchSequence:
                 if k < 0:
                     words[j] = s.template[j]
                 elif k < count:
-                    words[j] = values[k]
+                    words[j] = s.template[j] + <int64_t>values[k]
                 else:
                     raise IndexError(f"step {i} takes value {k}; {count} given")
             memcpy(&config, &s.config, sizeof(Config))

@@ -32,6 +32,7 @@ from numba import cuda
 from .._cache import BoundedCache
 from .._errors import INSTALL_GPU_EXTRA, MISSING_TOOLKIT_ERRORS, GPUUnavailableError
 from ._intrinsics import SIM
+from ._replay import RecordingLauncher
 
 if not SIM:
     from cuda.bindings import driver as _driver
@@ -204,6 +205,12 @@ class Launcher:
         if failed is not None:
             step, err = failed
             raise _DRIVER.error(err, sequence.steps[step].kernel.name)
+
+
+def launcher_for(stream):
+    """The :class:`Launcher` of a call on ``stream`` (a ``CUstream`` handle), or ``stream``
+    itself where it is a :class:`._replay.RecordingLauncher` (a call being recorded)."""
+    return stream if isinstance(stream, RecordingLauncher) else Launcher(stream)
 
 
 def _bind(c, sequence, device, overlap):

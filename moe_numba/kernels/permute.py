@@ -38,7 +38,7 @@ from .._cache import BoundedCache
 from . import _copy, count, gather
 from ._buffer import DeviceBuffer, carve
 from ._family import RoutingKey
-from ._launch import Launcher, optional_arg
+from ._launch import launcher_for, optional_arg
 from ._sequence import LaunchSequence, Step
 from ._staged import StagedWords
 from ._status import StatusWords, status_arg
@@ -232,8 +232,9 @@ def run(plan, buffers, validate, alloc, stream):
         Whether the status words are computed.
     alloc : callable
         ``alloc(nbytes) -> DeviceBuffer``: stream-ordered scratch memory.
-    stream : int
-        A ``CUstream`` handle (0: the legacy default stream).
+    stream : int or RecordingLauncher
+        A ``CUstream`` handle (0: the legacy default stream), or the launcher of a call
+        being recorded (:mod:`._replay`).
 
     Returns
     -------
@@ -259,7 +260,7 @@ def run(plan, buffers, validate, alloc, stream):
     if go is None:
         go = _LAUNCHES.put(key, _plan_launches(*key))
 
-    launch = Launcher(stream)
+    launch = launcher_for(stream)
     status = StatusWords(launch, _abi.PERMUTE_STATUS_LEN) if validate else None
     staged = None if b.capacity_values is None else StagedWords(launch, b.capacity_values)
     hd, sd = _copy.WORD_DTYPE[hw], _copy.WORD_DTYPE[sw]

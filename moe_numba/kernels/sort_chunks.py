@@ -43,7 +43,7 @@ from ._buffer import DeviceBuffer, carve
 from ._copy import WIDTHS, WORD_DTYPE, WORD_TYPE, word_ops, word_width
 from ._family import INDEX_TYPES, INT, KernelFamily, ptr
 from ._intrinsics import TMP_WORDS, block_exclusive_scan_i64, block_min_i64, device, griddep_wait
-from ._launch import Launcher, optional_arg
+from ._launch import launcher_for, optional_arg
 from ._primitives import BIG, store_found
 from ._status import StatusWords
 
@@ -245,8 +245,9 @@ def run(plan, buffers, validate, alloc, stream):
         Whether plan computes the status words of the sizes.
     alloc : callable
         ``alloc(nbytes) -> DeviceBuffer``: stream-ordered scratch memory (plan's table).
-    stream : int
-        A ``CUstream`` handle (0: the legacy default stream).
+    stream : int or RecordingLauncher
+        A ``CUstream`` handle (0: the legacy default stream), or the launcher of a call
+        being recorded (:mod:`._replay`).
 
     Returns
     -------
@@ -260,7 +261,7 @@ def run(plan, buffers, validate, alloc, stream):
     b = buffers
     N, C, rb = plan.num_rows, plan.num_chunks, plan.row_bytes
     sizes_itemsize = plan.sizes_dtype.itemsize
-    launch = Launcher(stream)
+    launch = launcher_for(stream)
     (table,) = carve(alloc, ((4 * C + 1, np.dtype(np.int64)),))
     status = StatusWords(launch, _abi.SORT_STATUS_LEN) if validate else None
     width = word_width(rb, b.x, b.out_y)

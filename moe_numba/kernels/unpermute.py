@@ -30,7 +30,7 @@ from .._cache import BoundedCache
 from ._buffer import DeviceBuffer, carve
 from ._copy import WORD_DTYPE, row_parts, word_width
 from ._family import NoKey, RoutingKey
-from ._launch import Launcher, optional_arg
+from ._launch import launcher_for, optional_arg
 from ._sequence import LaunchSequence, Step
 from ._status import StatusWords, status_arg
 from .check import CHECK, INIT
@@ -144,8 +144,9 @@ def run(plan, buffers, validate, alloc, stream, slots=SLOT_PROBS):
     alloc : callable
         ``alloc(nbytes) -> DeviceBuffer``: stream-ordered scratch memory (check's words;
         not called without ``validate``).
-    stream : int
-        A ``CUstream`` handle (0: the legacy default stream).
+    stream : int or RecordingLauncher
+        A ``CUstream`` handle (0: the legacy default stream), or the launcher of a call
+        being recorded (:mod:`._replay`).
     slots : int
         What the combine writes to ``out_probs`` (``combine.SLOT_PROBS``: moe_unpermute's
         rule; ``COUNTED_SLOTS`` or ``NO_SLOTS``: moe_permute_backward's, unweighted with
@@ -172,7 +173,7 @@ def run(plan, buffers, validate, alloc, stream, slots=SLOT_PROBS):
     if go is None:
         go = _LAUNCHES.put(key, _plan_launches(*key))
 
-    launch = Launcher(stream)
+    launch = launcher_for(stream)
     word = WORD_DTYPE[width]
     status = StatusWords(launch, _abi.UNPERMUTE_STATUS_LEN) if validate else None
     values = (  # the call's values, in the order of _SLOTS

@@ -33,7 +33,7 @@ from . import scatter
 from ._buffer import DeviceBuffer, carve
 from ._copy import WORD_DTYPE, word_width
 from ._family import NoKey
-from ._launch import Launcher, optional_arg
+from ._launch import launcher_for, optional_arg
 from ._sequence import LaunchSequence, Step
 from ._status import StatusWords, status_arg
 from .combine import ITEMSIZE, widths
@@ -148,8 +148,9 @@ def run(plan, buffers, validate, alloc, stream):
         Whether init and check run and the status words are computed.
     alloc : callable
         ``alloc(nbytes) -> DeviceBuffer``: stream-ordered scratch memory.
-    stream : int
-        A ``CUstream`` handle (0: the legacy default stream).
+    stream : int or RecordingLauncher
+        A ``CUstream`` handle (0: the legacy default stream), or the launcher of a call
+        being recorded (:mod:`._replay`).
 
     Returns
     -------
@@ -177,7 +178,7 @@ def run(plan, buffers, validate, alloc, stream):
     if go is None:
         go = _LAUNCHES.put(key, _plan_launches(*key))
 
-    launch = Launcher(stream)
+    launch = launcher_for(stream)
     word = WORD_DTYPE[width]
     status = StatusWords(launch, _abi.UNPERMUTE_BACKWARD_STATUS_LEN) if validate else None
     values = (  # the call's values, in the order of _SLOTS

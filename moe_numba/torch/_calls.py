@@ -12,7 +12,7 @@ here is only the op call.
 import torch
 
 from .. import _api
-from . import _autograd, _ops
+from . import _autograd, _ops, _replay
 
 
 def _check_all_tensors(arrays):
@@ -49,6 +49,12 @@ def _route(arrays, differentiable):
     return _EAGER
 
 
+def _replayable(arrays, scalars):
+    """Whether an eager call may be recorded for a replay (:mod:`._replay`): on CUDA
+    tensors, with ``validate=False``."""
+    return scalars["validate"] is False and arrays[0] is not None and arrays[0].is_cuda
+
+
 def _checked(planned, arrays, *args):
     """(backend, plan) of a call (``planned(arrays, *args)``), its metadata checked as for
     every other array kind, and every array a tensor."""
@@ -67,6 +73,10 @@ def moe_permute(arrays, scalars, tokens_per_expert):
     route = _route(arrays, (arrays.hidden_states, arrays.expert_prob_topk))
     if route == _EAGER:  # (every array is a torch.Tensor: _route gives _OP otherwise)
         backend, plan = _api.planned_permute(arrays, scalars, tokens_per_expert)
+        if _replayable(arrays, scalars):
+            counts = _replay.permute_counts(tokens_per_expert, scalars["override_buffer_size"])
+            found = _replay.PERMUTE.key(arrays, tuple(scalars.values()), counts)
+            return _replay.PERMUTE.run(found, backend, plan, arrays)
         return _ops.permute_planned(backend, plan, arrays, scalars["validate"])
     override_buffer_size = scalars["override_buffer_size"]
     if not torch.compiler.is_compiling():
@@ -99,6 +109,9 @@ def moe_unpermute(arrays, scalars):
     route = _route(arrays, (arrays.hidden_states_unzipped, arrays.token_prob_unzipped))
     if route == _EAGER:  # (tensors only, as above)
         backend, plan = _api.planned_unpermute(arrays, scalars)
+        if _replayable(arrays, scalars):
+            found = _replay.UNPERMUTE.key(arrays, tuple(scalars.values()))
+            return _replay.UNPERMUTE.run(found, backend, plan, arrays)
         return _ops.unpermute_planned(backend, plan, arrays, scalars["validate"])
     if torch.compiler.is_compiling():
         return _ops.unpermute(*arrays, *scalars.values())

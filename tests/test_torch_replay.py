@@ -1,0 +1,228 @@
+"""Replays of untraced calls on torch CUDA tensors (moe_numba/torch/_replay.py).
+
+The second call of a key with ``validate=False`` is recorded and later ones replay it: the
+same outputs and scratch allocated again, the same launches with the new addresses. Every
+replayed output equals the NumPy oracle bit for bit, in memory that held other bytes before;
+a call of another key (an input address of other alignment, new capacities, a gradient to
+record, ``validate=True``) takes the full path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from _torch_cases import CUDA, assert_same_bits, routing, to_numpy, to_torch, torch  # noqa: F401
+from moe_numba import (
+    _oracle,
+    moe_permute,
+    moe_permute_backward,
+    moe_unpermute,
+    moe_unpermute_backward,
+)
+
+pytestmark = CUDA.marks
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    """Counts of the replays that ran, by op."""
+    from moe_numba.torch import _replay
+
+    counts = {"calls": 0}
+    run = _replay.Replay.__call__
+
+    def counting(self, addresses):
+        counts["calls"] += 1
+        return run(self, addresses)
+
+    monkeypatch.setattr(_replay.Replay, "__call__", counting)
+    return counts
+
+
+def _poison():
+    """Fill memory that the allocator hands out next with 0xFF bytes (freed at once)."""
+    blocks = [torch.full((n,), -1, dtype=torch.uint8, device="cuda") for n in (1 << 20, 4096, 512)]
+    torch.cuda.synchronize()
+    del blocks
+
+
+def _case(seed, alignment=2, **kwargs):
+    case = routing(seed, num_tokens=37, topk=3, num_experts=6, alignment=alignment, hidden=24)
+    case.update(kwargs)
+    tensors = {
+        k: to_torch(v, "cuda")
+        for k, v in case.items()
+        if k in ("hidden_states", "expert_routemap_topk", "expert_prob_topk")
+    }
+    return case, tensors
+
+
+def _permute(t, case, **kwargs):
+    return moe_permute(
+        t["hidden_states"],
+        None,
+        t["expert_routemap_topk"],
+        t["expert_prob_topk"],
+        case["num_experts"],
+        case["tokens_per_expert"],
+        case["padding_alignment"],
+        validate=False,
+        **kwargs,
+    )
+
+
+def _expected_permute(case, **kwargs):
+    outputs, _ = _oracle.permute(
+        case["hidden_states"],
+        None,
+        case["expert_routemap_topk"],
+        case["expert_prob_topk"],
+        case["num_experts"],
+        case["tokens_per_expert"],
+        case["padding_alignment"],
+        **kwargs,
+    )
+    return outputs
+
+
+def _assert_outputs(actual, expected):
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected, strict=True):
+        if e is None:
+            assert a is None
+        else:
+            assert_same_bits(a, np.asarray(e))
+
+
+@pytest.mark.parametrize("alignment", [1, 4])
+@pytest.mark.parametrize("indices", [False, True])
+def test_replayed_permutes_equal_the_oracle(replays, alignment, indices):
+    case, t = _case(1, alignment)
+    expected = _expected_permute(case, return_expert_indices=indices)
+    kept = []
+    for _ in range(4):  # full path, recorded, replayed, replayed
+        _poison()
+        kept.append(_permute(t, case, return_expert_indices=indices))
+        _assert_outputs(kept[-1], expected)
+    assert replays["calls"] == 2
+
+
+def test_a_replayed_unpermute_and_the_gradients_equal_the_oracle(replays):
+    case, t = _case(2)
+    rows, rowmap, row_probs, _ = _permute(t, case)
+    routes = t["expert_routemap_topk"]
+    T, E = case["hidden_states"].shape[0], case["num_experts"]
+    rng = np.random.default_rng(5)
+    dy = rng.standard_normal((T, rows.shape[1])).astype(np.float32)
+    dp = rng.standard_normal((T, routes.shape[1])).astype(np.float32)
+    n_rows, n_map, n_probs = to_numpy(rows), to_numpy(rowmap), to_numpy(row_probs)
+    n_routes = case["expert_routemap_topk"]
+    calls = {
+        "unpermute": (
+            lambda: moe_unpermute(
+                rows, rowmap, routes, row_probs, T, E, using_weighted_combine=True, validate=False
+            ),
+            _oracle.unpermute(n_rows, n_map, n_routes, n_probs, T, E, True, True)[0],
+        ),
+        "permute_backward": (
+            lambda: moe_permute_backward(rows, row_probs, rowmap, routes, validate=False),
+            _oracle.permute_backward(n_rows, n_probs, n_map, n_routes)[0],
+        ),
+        "unpermute_backward": (
+            lambda: moe_unpermute_backward(
+                to_torch(dy, "cuda"),
+                to_torch(dp, "cuda"),
+                rows,
+                rowmap,
+                routes,
+                row_probs,
+                using_weighted_combine=True,
+                num_rows=rows.shape[0],
+                validate=False,
+            ),
+            _oracle.unpermute_backward(dy, dp, n_rows, n_map, n_routes, n_probs, True, len(n_rows))[
+                0
+            ],
+        ),
+    }
+    before = replays["calls"]
+    for name, (call, expected) in calls.items():
+        for _ in range(4):
+            _poison()
+            _assert_outputs(call(), expected)
+        assert replays["calls"] - before == 2, name
+        before = replays["calls"]
+
+
+def test_calls_of_other_keys_take_the_full_path(replays):
+    case, t = _case(3)
+    for _ in range(3):
+        _permute(t, case)
+    assert replays["calls"] == 1
+    # an input whose address has other low bits (two bytes on): another key
+    x = t["hidden_states"]
+    wide = torch.zeros(x.numel() + 8, dtype=x.dtype, device="cuda")
+    shifted = wide[1 : 1 + x.numel()].view(x.shape)
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 16 != x.data_ptr() % 16
+    for _ in range(2):
+        _assert_outputs(_permute({**t, "hidden_states": shifted}, case), _expected_permute(case))
+    # new capacities, validate=True, and a gradient to record: the full path every time
+    more = dict(case, tokens_per_expert=[n + 1 for n in case["tokens_per_expert"]])
+    _assert_outputs(_permute(t, more), _expected_permute(more))
+    checked = moe_permute(
+        t["hidden_states"],
+        None,
+        t["expert_routemap_topk"],
+        t["expert_prob_topk"],
+        case["num_experts"],
+        case["tokens_per_expert"],
+        case["padding_alignment"],
+    )
+    _assert_outputs(checked, _expected_permute(case))
+    xg = t["hidden_states"].clone().requires_grad_(True)
+    recorded = _permute({**t, "hidden_states": xg}, case)
+    assert recorded[0].grad_fn is not None
+    assert replays["calls"] == 1
+    for _ in range(2):  # (the recorded key still replays)
+        _assert_outputs(_permute(t, case), _expected_permute(case))
+    assert replays["calls"] == 3
+
+
+def test_a_bool_where_an_int_was_recorded_is_refused(replays):
+    case = routing(6, num_tokens=9, topk=1, num_experts=1, alignment=2, hidden=8)
+    t = {k: to_torch(v, "cuda") for k, v in case.items() if isinstance(v, np.ndarray)}
+    for _ in range(3):
+        _assert_outputs(_permute(t, case), _expected_permute(case))
+    assert replays["calls"] == 1
+    with pytest.raises(TypeError, match="num_experts must be an int; got bool True"):
+        _permute(t, {**case, "num_experts": True})
+
+
+def test_a_replay_runs_on_the_current_stream_and_in_a_cuda_graph(replays):
+    case, t = _case(4)
+    for _ in range(2):
+        _permute(t, case)
+    # on another stream, behind a write of new rows: a replay on any other stream would
+    # read the rows before the write
+    other, _ = _case(5)
+    x = t["hidden_states"].clone()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(1 << 24)
+        x.copy_(to_torch(other["hidden_states"], "cuda"))
+        outputs = _permute({**t, "hidden_states": x}, case)
+    stream.synchronize()
+    _assert_outputs(outputs, _expected_permute({**case, "hidden_states": other["hidden_states"]}))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _permute(t, case)
+    for _ in range(2):
+        for out in captured:
+            out.fill_(7)
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_outputs(captured, _expected_permute(case))
+    assert replays["calls"] == 2
