@@ -109,6 +109,9 @@ def _tensors(arrays):
     return tuple(key), tuple(addresses)
 
 
+_INT = frozenset((int,))
+
+
 def _counts(tokens_per_expert):
     """The capacities as part of a key: the ints of a list or tuple as a tuple, None for
     None, else False (a kind that no key holds)."""
@@ -117,7 +120,7 @@ def _counts(tokens_per_expert):
     if type(tokens_per_expert) not in (list, tuple):
         return False
     counts = tuple(tokens_per_expert)
-    return counts if all(type(c) is int for c in counts) else False
+    return counts if _INT.issuperset(map(type, counts)) else False
 
 
 class ReplayedOp:
