@@ -26,7 +26,6 @@ from .. import _api
 from .._cache import BoundedCache
 from .._gpu import RecordedCall
 
-_empty = torch.empty
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (not in CPU builds)
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
@@ -45,10 +44,11 @@ class Replay:
 
     __slots__ = (
         "_allocations",
-        "_device",
+        "_device_index",
         "_driver",
         "_index",
         "_kept",
+        "_like",
         "_names",
         "_outputs",
         "_sequence",
@@ -63,7 +63,8 @@ class Replay:
         self._allocations = tuple(
             (shape, to_torch[np.dtype(dtype)]) for shape, dtype in call.allocations
         )
-        self._device = call.like.device
+        self._like = call.like.new_empty((0,))  # (new_empty parses less than torch.empty)
+        self._device_index = call.like.device.index
         self._index = call.launcher.device  # the current device the launches were made on
         self._kept = tuple(call.kept)  # (the sequence's constant addresses point into these)
 
@@ -73,10 +74,8 @@ class Replay:
         driver = self._driver
         if driver.current_device() != self._index:
             return None
-        device = self._device
-        allocated = [
-            _empty(shape, dtype=dtype, device=device) for shape, dtype in self._allocations
-        ]
+        like = self._like
+        allocated = [like.new_empty(shape, dtype=dtype) for shape, dtype in self._allocations]
         words = tuple([x.data_ptr() for x in allocated])
         bits = 0
         for word in words:
@@ -84,7 +83,7 @@ class Replay:
         if bits & 15:
             return None
         sequence = self._sequence
-        failed = sequence.run(_raw_stream(device.index), addresses + words, 0, sequence.size)
+        failed = sequence.run(_raw_stream(self._device_index), addresses + words, 0, sequence.size)
         if failed is not None:
             step, err = failed
             raise driver.error(err, self._names[step])
@@ -94,14 +93,14 @@ class Replay:
 def _tensors(arrays):
     """``(key, addresses)`` of a call's arrays: per tensor its shape, dtype, strides, device
     and low address bits, and its address; per None, None and 0. None unless every array
-    is a CUDA ``torch.Tensor`` or None."""
+    is a ``torch.Tensor`` or None (only keys of CUDA tensors are ever recorded)."""
     key, addresses = [], []
     for x in arrays:
         if x is None:
             key.append(None)
             addresses.append(0)
             continue
-        if type(x) is not torch.Tensor or not x.is_cuda:
+        if type(x) is not torch.Tensor:
             return None
         address = x.data_ptr()
         key.append((x.shape, x.dtype, x.stride(), x.device, address & 15))
@@ -110,6 +109,7 @@ def _tensors(arrays):
 
 
 _INT = frozenset((int,))
+_SCALAR_TYPES = frozenset((int, bool))
 
 
 def _counts(tokens_per_expert):
@@ -150,13 +150,15 @@ class ReplayedOp:
             return None
         counts = _counts(counts)
         types = tuple(map(type, scalars))
-        if counts is False or not all(t is int or t is bool for t in types):
+        if counts is False or not _SCALAR_TYPES.issuperset(types):
             return None
         tensors = _tensors(arrays)
         if tensors is None:
             return None
-        if _grad_enabled() and any(x is not None and x.requires_grad for x in differentiable):
-            return None
+        if differentiable and _grad_enabled():
+            for x in differentiable:
+                if x is not None and x.requires_grad:
+                    return None
         return (tensors[0], scalars, types, counts), tensors[1]
 
     def repeat(self, found):
