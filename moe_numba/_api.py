@@ -28,10 +28,16 @@ object with ``__cuda_array_interface__``. Outputs are of the caller's kind."""
 _permute_calls = BoundedCache(256)  # call key -> (backend, metadata plan)
 _unpermute_calls = BoundedCache(256)
 
-# op name -> the repeat of a recorded call: the op's arguments in -> its outputs, or None
-# where none repeats this call. moe_numba.torch._replay fills it when torch tensors first
-# reach moe_numba (its replays are of untraced calls on torch CUDA tensors).
+# op name -> the replays of its untraced calls on torch CUDA tensors
+# (moe_numba.torch._replay.ReplayedOp), filled when torch tensors first reach moe_numba
 REPLAYS = {}
+
+
+def replayed(op, arrays, scalars, tokens_per_expert=None):
+    """The outputs of a call of ``op`` that a replay repeats (:mod:`moe_numba.torch._replay`),
+    else None: ``arrays`` and ``scalars`` as the op's checks take them."""
+    replays = REPLAYS.get(op)
+    return None if replays is None else replays(arrays, scalars, tokens_per_expert)
 
 
 def _metadata(arrays):
@@ -188,24 +194,6 @@ def moe_permute(
            [-1,  2, -1],
            [ 1,  3, -1]], dtype=int32)
     """
-    replay = REPLAYS.get("permute")
-    if replay is not None:
-        outputs = replay(
-            hidden_states,
-            scale,
-            expert_routemap_topk,
-            expert_prob_topk,
-            num_experts,
-            tokens_per_expert,
-            padding_alignment,
-            do_gather,
-            using_ue8m0_scale,
-            return_expert_indices,
-            override_buffer_size,
-            validate,
-        )
-        if outputs is not None:
-            return outputs
     return _moe_permute(
         hidden_states,
         scale,
@@ -253,6 +241,10 @@ def _moe_permute(
         override_buffer_size,
         validate,
     )
+    if torch_ops:
+        outputs = replayed("permute", arrays, scalars, tokens_per_expert)
+        if outputs is not None:
+            return outputs
     if torch_ops and _has_torch_tensor(arrays):
         from .torch import _calls
 
@@ -371,21 +363,6 @@ def moe_unpermute(
     >>> slot_probs
     array([[0.75, 0.25]], dtype=float32)
     """
-    replay = REPLAYS.get("unpermute")
-    if replay is not None:
-        outputs = replay(
-            hidden_states_unzipped,
-            zipped_expertwise_rowmap,
-            expert_routemap_topk,
-            token_prob_unzipped,
-            total_zipped_tokens,
-            num_experts,
-            using_mix_precision,
-            using_weighted_combine,
-            validate,
-        )
-        if outputs is not None:
-            return outputs
     return _moe_unpermute(
         hidden_states_unzipped,
         zipped_expertwise_rowmap,
@@ -421,6 +398,10 @@ def _moe_unpermute(
     scalars = unpermute_scalars(
         total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate
     )
+    if torch_ops:
+        outputs = replayed("unpermute", arrays, scalars)
+        if outputs is not None:
+            return outputs
     if torch_ops and _has_torch_tensor(arrays):
         from .torch import _calls
 

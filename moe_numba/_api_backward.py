@@ -3,7 +3,7 @@ run, raise (the steps of :mod:`moe_numba._api`)."""
 
 from __future__ import annotations
 
-from ._api import REPLAYS, Array, _has_torch_tensor, _prepare
+from ._api import REPLAYS, Array, _has_torch_tensor, _prepare, replayed
 from ._cache import BoundedCache
 from ._contract_backward import (
     PermuteBackwardArrays,
@@ -27,21 +27,21 @@ def _run(op, calls, arrays, scalars, check_metadata, raise_for_status):
     The gradient ops are not torch custom ops themselves: the backward of ``moe_numba::
     permute`` / ``unpermute`` calls them from inside one.
     """
+    outputs = replayed(op, arrays, scalars)
+    if outputs is not None:
+        return outputs
     validate = scalars["validate"]
     backend, plan = _prepare(calls, arrays, scalars, check_metadata)
     if not plan.computes:
         return None, None
     torch_cpu = False
     if _has_torch_tensor(arrays):
-        from .torch import _replay
-        from .torch._calls import _check_all_tensors
+        from .torch._calls import _check_all_tensors  # (imports .torch._replay too)
 
         _check_all_tensors(arrays)  # as in the forward ops: all torch tensors, or none
         torch_cpu = all(x is None or x.device.type == "cpu" for x in arrays)
         if not torch_cpu and validate is False:  # (CUDA tensors: recorded for a replay)
-            replayed = getattr(_replay, op.upper())
-            found = replayed.key(arrays, tuple(scalars.values()))
-            return replayed.run(found, backend, plan, arrays)
+            return REPLAYS[op].run(backend, plan, arrays, scalars)
     if torch_cpu:
         from .torch._bridge import from_numpy, to_numpy
 
@@ -123,10 +123,6 @@ def moe_permute_backward(
         zipped_expertwise_rowmap,
         expert_routemap_topk,
     )
-    replay = REPLAYS.get("permute_backward")
-    outputs = None if replay is None else replay(arrays, validate)
-    if outputs is not None:
-        return outputs
     return _run(
         "permute_backward",
         _permute_backward_calls,
@@ -229,10 +225,6 @@ def moe_unpermute_backward(
         expert_routemap_topk,
         token_prob_unzipped,
     )
-    replay = REPLAYS.get("unpermute_backward")
-    outputs = None if replay is None else replay(arrays, using_weighted_combine, num_rows, validate)
-    if outputs is not None:
-        return outputs
     return _run(
         "unpermute_backward",
         _unpermute_backward_calls,

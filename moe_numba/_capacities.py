@@ -125,13 +125,20 @@ def _plain_capacities(tokens_per_expert, num_experts, alignment):
     Python ints in [0, 2**63 - 1], computed without NumPy's per-call overhead (a training
     step passes new counts every call); None for anything else, which
     :func:`capacities_from` checks (and refuses with its errors)."""
-    if type(tokens_per_expert) not in (list, tuple) or len(tokens_per_expert) != num_experts:
-        return None
-    if not all(type(n) is int for n in tokens_per_expert):
+    if not plain_ints(tokens_per_expert) or len(tokens_per_expert) != num_experts:
         return None
     if min(tokens_per_expert) < 0 or max(tokens_per_expert) > INT64_MAX:
         return None
     return np.array(tokens_per_expert, dtype=np.int64), padded_rows(tokens_per_expert, alignment)
+
+
+_INT = frozenset((int,))
+
+
+def plain_ints(values):
+    """Whether ``values`` is a list or tuple of Python ints (exactly: no bools, no NumPy
+    integers)."""
+    return type(values) in (list, tuple) and _INT.issuperset(map(type, values))
 
 
 def _rows_needed(capacities, alignment):

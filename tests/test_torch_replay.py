@@ -58,7 +58,7 @@ def _case(seed, alignment=2, **kwargs):
     return case, tensors
 
 
-def _permute(t, case, **kwargs):
+def _permute(t, case, validate=False, **kwargs):
     return moe_permute(
         t["hidden_states"],
         None,
@@ -67,7 +67,7 @@ def _permute(t, case, **kwargs):
         case["num_experts"],
         case["tokens_per_expert"],
         case["padding_alignment"],
-        validate=False,
+        validate=validate,
         **kwargs,
     )
 
@@ -171,16 +171,7 @@ def test_calls_of_other_keys_take_the_full_path(replays):
     # new capacities, validate=True, and a gradient to record: the full path every time
     more = dict(case, tokens_per_expert=[n + 1 for n in case["tokens_per_expert"]])
     _assert_outputs(_permute(t, more), _expected_permute(more))
-    checked = moe_permute(
-        t["hidden_states"],
-        None,
-        t["expert_routemap_topk"],
-        t["expert_prob_topk"],
-        case["num_experts"],
-        case["tokens_per_expert"],
-        case["padding_alignment"],
-    )
-    _assert_outputs(checked, _expected_permute(case))
+    _assert_outputs(_permute(t, case, validate=True), _expected_permute(case))
     xg = t["hidden_states"].clone().requires_grad_(True)
     recorded = _permute({**t, "hidden_states": xg}, case)
     assert recorded[0].grad_fn is not None

@@ -213,12 +213,17 @@ def launcher_for(stream):
     return stream if isinstance(stream, RecordingLauncher) else Launcher(stream)
 
 
+def c_step(step, device, overlap, template, slots):
+    """A :class:`._sequence.Step` as a step of the C launcher's ``LaunchSequence``, with its
+    kernel's handle on ``device`` and its words ``template`` and ``slots``."""
+    grid, block = launch_dims(step.grid), launch_dims(step.block)
+    handle = step.kernel.handle(device)
+    return (handle, grid, block, step.shmem, overlap, list(template), list(slots))
+
+
 def _bind(c, sequence, device, overlap):
     """``sequence`` as the C launcher's, with the kernels' handles on ``device``."""
-    steps = []
-    for i, step in enumerate(sequence.steps):
-        template, slots = sequence.words(i)
-        grid, block = launch_dims(step.grid), launch_dims(step.block)
-        handle = step.kernel.handle(device)
-        steps.append((handle, grid, block, step.shmem, overlap, list(template), list(slots)))
+    steps = [
+        c_step(step, device, overlap, *sequence.words(i)) for i, step in enumerate(sequence.steps)
+    ]
     return c.LaunchSequence(_DRIVER.address, steps)

@@ -91,17 +91,8 @@ def replay_sequence(launcher):
         for i in range(start, stop):
             step = sequence.steps[i]
             words = [_word(v) for v in sequence.args(i, values)]
-            steps.append(
-                (
-                    step.kernel.handle(launcher.device),
-                    launch.launch_dims(step.grid),
-                    launch.launch_dims(step.block),
-                    step.shmem,
-                    launcher.overlap,
-                    [w for w, _ in words],
-                    [s for _, s in words],
-                )
-            )
+            template, slots = [w for w, _ in words], [k for _, k in words]
+            steps.append(launch.c_step(step, launcher.device, launcher.overlap, template, slots))
             names.append(step.kernel.name)
     driver = launch._DRIVER
     return driver.c.LaunchSequence(driver.address, steps), tuple(names)

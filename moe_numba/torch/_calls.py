@@ -74,9 +74,7 @@ def moe_permute(arrays, scalars, tokens_per_expert):
     if route == _EAGER:  # (every array is a torch.Tensor: _route gives _OP otherwise)
         backend, plan = _api.planned_permute(arrays, scalars, tokens_per_expert)
         if _replayable(arrays, scalars):
-            counts = _replay.permute_counts(tokens_per_expert, scalars["override_buffer_size"])
-            found = _replay.PERMUTE.key(arrays, tuple(scalars.values()), counts)
-            return _replay.PERMUTE.run(found, backend, plan, arrays)
+            return _replay.PERMUTE.run(backend, plan, arrays, scalars, tokens_per_expert)
         return _ops.permute_planned(backend, plan, arrays, scalars["validate"])
     override_buffer_size = scalars["override_buffer_size"]
     if not torch.compiler.is_compiling():
@@ -110,8 +108,7 @@ def moe_unpermute(arrays, scalars):
     if route == _EAGER:  # (tensors only, as above)
         backend, plan = _api.planned_unpermute(arrays, scalars)
         if _replayable(arrays, scalars):
-            found = _replay.UNPERMUTE.key(arrays, tuple(scalars.values()))
-            return _replay.UNPERMUTE.run(found, backend, plan, arrays)
+            return _replay.UNPERMUTE.run(backend, plan, arrays, scalars)
         return _ops.unpermute_planned(backend, plan, arrays, scalars["validate"])
     if torch.compiler.is_compiling():
         return _ops.unpermute(*arrays, *scalars.values())

@@ -4,8 +4,9 @@ Most of a small call's host time goes to the Python between the arguments and th
 dispatch, the cached checks and plans, buffer wrappers, the launch plan's lookups. None of it
 changes while the call's key repeats, so the second call of a key with ``validate=False`` is
 recorded (:class:`moe_numba._gpu.RecordedCall`) and every later one replays it: it allocates
-the recorded outputs and scratch with ``torch.empty`` and hands their addresses and the
-inputs' to one C launch sequence (:mod:`moe_numba.kernels._replay`).
+the recorded outputs and scratch (``new_empty``) and hands their addresses and the inputs'
+to one C launch sequence (:mod:`moe_numba.kernels._replay`). The public functions ask
+:data:`moe_numba._api.REPLAYS` first; :mod:`._calls` and the gradient ops record.
 
 The key holds everything that the checks, the plan and the launches read: per tensor its
 shape, dtype, strides, device and the low four bits of its address (the copies' word widths
@@ -24,6 +25,7 @@ import torch
 
 from .. import _api
 from .._cache import BoundedCache
+from .._capacities import plain_ints
 from .._gpu import RecordedCall
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (not in CPU builds)
@@ -108,7 +110,6 @@ def _tensors(arrays):
     return tuple(key), tuple(addresses)
 
 
-_INT = frozenset((int,))
 _SCALAR_TYPES = frozenset((int, bool))
 
 
@@ -117,62 +118,64 @@ def _counts(tokens_per_expert):
     None, else False (a kind that no key holds)."""
     if tokens_per_expert is None:
         return None
-    if type(tokens_per_expert) not in (list, tuple):
-        return False
-    counts = tuple(tokens_per_expert)
-    return counts if _INT.issuperset(map(type, counts)) else False
+    return tuple(tokens_per_expert) if plain_ints(tokens_per_expert) else False
 
 
 class ReplayedOp:
-    """The replays of one op on torch CUDA tensors.
+    """The replays of one op on torch CUDA tensors; called as ``replays(arrays, scalars,
+    tokens_per_expert)``, the outputs of a call that a replay repeats, else None.
 
     Parameters
     ----------
     run : callable
         ``run(backend, plan, arrays, call)``: the op's outputs for a checked call with
         ``validate=False`` (``call``: a :class:`~moe_numba._gpu.RecordedCall`, or None).
+    differentiable : tuple of int
+        The indices of the arrays that autograd records the op for.
+    counted : bool
+        Whether the op takes ``tokens_per_expert`` (ignored when the scalar
+        ``override_buffer_size`` is >= 0).
     """
 
-    def __init__(self, run):
+    def __init__(self, run, differentiable=(), counted=False):
         self._run = run
+        self._differentiable = differentiable
+        self._counted = counted
         self._replays = BoundedCache(256)
         self._seen = BoundedCache(256)  # keys met once
 
-    @staticmethod
-    def key(arrays, scalars, counts=None, differentiable=()):
-        """``(key, addresses)`` of a call that a replay may repeat, else None.
-
-        ``scalars`` are the call's other arguments but the capacities, ``counts``
-        ``tokens_per_expert`` (None where ignored), ``differentiable`` the arrays that
-        autograd would record the call for.
-        """
-        if _is_compiling() or scalars[-1] is not False:  # (the last one is validate)
+    def key(self, arrays, scalars, tokens_per_expert=None):
+        """``(key, addresses)`` of a call that a replay may repeat, else None (``arrays``,
+        ``scalars`` and ``tokens_per_expert`` as the op's checks take them)."""
+        if _is_compiling() or scalars["validate"] is not False:
             return None
-        counts = _counts(counts)
-        types = tuple(map(type, scalars))
+        values = tuple(scalars.values())
+        types = tuple(map(type, values))
+        counts = None
+        if self._counted and not _overridden(scalars["override_buffer_size"]):
+            counts = _counts(tokens_per_expert)
         if counts is False or not _SCALAR_TYPES.issuperset(types):
             return None
         tensors = _tensors(arrays)
         if tensors is None:
             return None
-        if differentiable and _grad_enabled():
-            for x in differentiable:
-                if x is not None and x.requires_grad:
+        if self._differentiable and _grad_enabled():
+            for i in self._differentiable:
+                if arrays[i] is not None and arrays[i].requires_grad:
                     return None
-        return (tensors[0], scalars, types, counts), tensors[1]
+        return (tensors[0], values, types, counts), tensors[1]
 
-    def repeat(self, found):
-        """The outputs of the call that ``found`` (:meth:`key`'s answer) describes, if a
-        replay repeats it; else None."""
+    def __call__(self, arrays, scalars, tokens_per_expert=None):
+        found = self.key(arrays, scalars, tokens_per_expert)
         if found is None:
             return None
         replay = self._replays.get(found[0])
         return None if replay is None else replay(found[1])
 
-    def run(self, found, backend, plan, arrays):
-        """The outputs of a checked call with ``validate=False`` (``found``: its
-        :meth:`key`, or None): recorded, and its replay kept, when its key is met the second
-        time."""
+    def run(self, backend, plan, arrays, scalars, tokens_per_expert=None):
+        """The outputs of a checked call with ``validate=False``: recorded, and its replay
+        kept, when its key is met the second time."""
+        found = self.key(arrays, scalars, tokens_per_expert)
         key = None if found is None else found[0]
         if key is None or self._seen.get(key) is None:
             if key is not None:
@@ -186,6 +189,11 @@ class ReplayedOp:
         return outputs
 
 
+def _overridden(override_buffer_size):
+    """Whether ``override_buffer_size`` makes a permute ignore its capacities."""
+    return type(override_buffer_size) is int and override_buffer_size >= 0
+
+
 def _permute(backend, plan, arrays, call):
     return backend.permute(plan, arrays, False, call=call)[0].result()
 
@@ -197,52 +205,15 @@ def _op(name):
     )
 
 
-PERMUTE = ReplayedOp(_permute)
-UNPERMUTE = ReplayedOp(_op("unpermute"))
+# (the differentiable arrays: the rows and the probabilities, as _calls routes them)
+PERMUTE = ReplayedOp(_permute, differentiable=(0, 3), counted=True)
+UNPERMUTE = ReplayedOp(_op("unpermute"), differentiable=(0, 3))
 PERMUTE_BACKWARD = ReplayedOp(_op("permute_backward"))
 UNPERMUTE_BACKWARD = ReplayedOp(_op("unpermute_backward"))
 
-
-def permute_counts(tokens_per_expert, override_buffer_size):
-    """The capacities of a permute's key: None where ``override_buffer_size`` ignores them."""
-    override = type(override_buffer_size) is int and override_buffer_size >= 0
-    return None if override else tokens_per_expert
-
-
-# The public functions' first step (moe_numba._api.REPLAYS): each takes the op's arguments
-# in order and returns the outputs of a replayed call, or None.
-
-
-def _permute_replayed(
-    x, scale, routemap, probs, E, counts, A, gather, ue8m0, indices, override, validate
-):
-    found = PERMUTE.key(
-        (x, scale, routemap, probs),
-        (E, A, gather, ue8m0, indices, override, validate),
-        permute_counts(counts, override),
-        (x, probs),
-    )
-    return PERMUTE.repeat(found)
-
-
-def _unpermute_replayed(rows, rowmap, routemap, probs, T, E, mix, weighted, validate):
-    found = UNPERMUTE.key(
-        (rows, rowmap, routemap, probs), (T, E, mix, weighted, validate), None, (rows, probs)
-    )
-    return UNPERMUTE.repeat(found)
-
-
-def _permute_backward_replayed(arrays, validate):
-    return PERMUTE_BACKWARD.repeat(PERMUTE_BACKWARD.key(arrays, (validate,)))
-
-
-def _unpermute_backward_replayed(arrays, weighted, num_rows, validate):
-    return UNPERMUTE_BACKWARD.repeat(UNPERMUTE_BACKWARD.key(arrays, (weighted, num_rows, validate)))
-
-
 _api.REPLAYS.update(
-    permute=_permute_replayed,
-    unpermute=_unpermute_replayed,
-    permute_backward=_permute_backward_replayed,
-    unpermute_backward=_unpermute_backward_replayed,
+    permute=PERMUTE,
+    unpermute=UNPERMUTE,
+    permute_backward=PERMUTE_BACKWARD,
+    unpermute_backward=UNPERMUTE_BACKWARD,
 )
