@@ -49,6 +49,8 @@ class _Call:
     poisons what it returns).
     """
 
+    stages = False  # whether a permute stages its capacities whether or not met before
+
     def __init__(self, like, empty=None):
         self.like = like
         self.library = array_library(like)
@@ -87,10 +89,15 @@ class RecordedCall(_Call):
     ``j``-th allocation source ``len(arrays) + j``. A buffer of anything else (a cached
     device copy of capacities) is a constant of the replay, and :attr:`kept` holds it.
     After the call, :meth:`replay` says what to repeat.
+
+    With ``stages``, a permute's capacities are staged (:mod:`.kernels._staged`), and the
+    staged block is the value after the allocations: its replays stage the counts of each
+    call. Without it, a call that stages is refused (its block would be a constant).
     """
 
-    def __init__(self, arrays):
+    def __init__(self, arrays, stages=False):
         super().__init__(next(x for x in arrays if x is not None))
+        self.stages = stages
         self.arrays = arrays
         self.allocations = []  # (shape, dtype) of each, in order
         self.allocated = []
@@ -141,7 +148,7 @@ class RecordedCall(_Call):
         index[id(None)] = -1
         outputs = tuple(index.get(id(x)) for x in result)
         aligned = all(self.buffer(x).ptr % 16 == 0 for x in self.allocated)
-        launches = replay_sequence(self.launcher)
+        launches = replay_sequence(self.launcher, len(self.arrays) + len(self.allocated))
         if launches is None or None in outputs or not aligned:
             return None
         return (*launches, outputs)
@@ -164,21 +171,28 @@ class _GPUBackend:
         self._permute_backward = permute_backward
         self._unpermute_backward = unpermute_backward
         self._capturing = _staged.capturing
+        self._kept_words = _staged.kept_words
         self._capacities = BoundedCache(64)
         self._seen = BoundedCache(256)  # capacities' keys met once (see _permute_capacities)
 
-    def _capacities_on_device(self, call, capacities, key=None):
-        """An int64 host array the kernels read (``tokens_per_expert``; moe_sort_chunks's
-        host sizes and order) on the arrays' device, uploaded once per distinct value
-        (``key``: :meth:`_capacities_key`, when the caller has it).
+    def _capacities_on_device(self, call, capacities, stream, key=None):
+        """The buffer of an int64 host array the kernels read (``tokens_per_expert``;
+        moe_sort_chunks's host sizes and order): a copy on the arrays' device, uploaded
+        once per distinct value (``key``: :meth:`_capacities_key`, when the caller has it).
 
         The kernels only read it, so a copy can serve every later call with the same values
-        (fixed capacities are common in serving).
+        (fixed capacities are common in serving). A stream being captured gets pinned host
+        words kept for good instead (:func:`.kernels._staged.kept_words`): a CUDA graph
+        reads them at every replay, after a cached copy may have been dropped and its
+        memory reused.
         """
+        if self._capturing(stream):
+            return self._kept_words(call.library.device(call.like), capacities)
         key = self._capacities_key(call, capacities) if key is None else key
-        return self._capacities.get_or_compute(
+        copy = self._capacities.get_or_compute(
             key, lambda: call.library.upload(capacities, call.like)
         )
+        return call.buffer(copy)
 
     @staticmethod
     def _capacities_key(call, capacities):
@@ -189,14 +203,15 @@ class _GPUBackend:
         or ``(None, capacities)`` for values met for the first time, which the kernels then
         read from pinned host memory (:mod:`.kernels._staged`): the new counts of a training
         step cost no upload, and repeated ones (fixed capacities) get a device copy from
-        their second call on. A stream being captured gets the copy at once: a graph would
-        read the host block again at every replay, after it went back to its pool."""
+        their second call on; a call that ``call.stages`` stages them anyway. A stream being
+        captured is never staged: a graph would read the host block again at every replay,
+        after it went back to its pool (:meth:`_capacities_on_device`)."""
         key = self._capacities_key(call, capacities)
         met = self._capacities.get(key) is not None or self._seen.get(key) is not None
-        if not met and not self._capturing(stream):
+        if (call.stages or not met) and not self._capturing(stream):
             self._seen.put(key, True)
             return None, capacities
-        return call.buffer(self._capacities_on_device(call, capacities, key)), None
+        return self._capacities_on_device(call, capacities, stream, key), None
 
     def permute(self, plan, arrays, validate, empty=None, call=None):
         """Run ``moe_permute`` on CUDA arrays: ``(outputs, status words or None)``.
@@ -212,7 +227,8 @@ class _GPUBackend:
         capacity = capacity_values = None
         if plan.capacities is not None:
             capacity, capacity_values = self._permute_capacities(call, plan.capacities, stream)
-            call.refused = capacity_values is not None  # (staged: a block of this call only)
+            # (a replay stages its own counts, or reads the recorded device copy)
+            call.refused = (capacity_values is not None) != call.stages
         buffers = self._permute.PermuteBuffers(
             hidden=call.buffer(hidden_states) if plan.do_gather else None,
             scale=call.buffer(scale) if plan.gather_scale else None,
@@ -265,20 +281,22 @@ class _GPUBackend:
         """
         call = _Call(arrays.x, empty)
         out = sort_outputs(plan, call.empty)
+        stream = call.library.stream(arrays.x)
         sizes = arrays.split_sizes
         if sizes is None:
-            sizes = self._capacities_on_device(call, plan.sizes)
+            sizes = self._capacities_on_device(call, plan.sizes, stream)
+        else:
+            sizes = call.buffer(sizes)
         check = validate and arrays.split_sizes is not None
         buffers = self._sort_chunks.SortBuffers(
             x=call.buffer(arrays.x),
-            sizes=call.buffer(sizes),
-            order=call.buffer(self._capacities_on_device(call, plan.order)),
+            sizes=sizes,
+            order=self._capacities_on_device(call, plan.order, stream),
             probs=call.buffer(arrays.probs),
             out_y=call.buffer(out.y),
             out_probs=call.buffer(out.probs),
             out_lengths=call.buffer(out.lengths),
         )
-        stream = call.library.stream(arrays.x)
         status = self._sort_chunks.run(plan, buffers, check, call.alloc, stream)
         return out, (status.read() if check else None)
 

@@ -232,8 +232,9 @@ def test_permute_malformed_routing_and_capacities(monkeypatch):
 
 def test_permute_capacities_met_first_are_staged_then_copied(monkeypatch):
     """Capacities met for the first time are read from host words (kernels._staged); from
-    their second call on, and on a stream being captured, from a device copy. Every call
-    matches the oracle (run_permute calls the backend twice: validate on, then off)."""
+    their second call on from a device copy, and on a stream being captured from host words
+    kept for good. Every call matches the oracle (run_permute calls the backend twice:
+    validate on, then off)."""
     monkeypatch.setattr(BACKEND, "_capacities", BoundedCache(64))
     monkeypatch.setattr(BACKEND, "_seen", BoundedCache(256))
     staged = []
@@ -257,8 +258,16 @@ def test_permute_capacities_met_first_are_staged_then_copied(monkeypatch):
     more = list(tpe)
     more[0] += 3
     monkeypatch.setattr(BACKEND, "_capturing", lambda stream: True)
+    kept, real_kept = [], BACKEND._kept_words
+
+    def keeping(device, values):
+        kept.append(real_kept(device, values))
+        return kept[-1]
+
+    monkeypatch.setattr(BACKEND, "_kept_words", keeping)
     run_permute(hidden, None, rm, probs, E, more, A)
-    assert len(staged) == 1 and len(BACKEND._capacities) == 2  # captured: copied at once
+    assert len(staged) == 1 and len(BACKEND._capacities) == 1  # captured: kept for good
+    assert [list(k.sim_array) for k in kept] == [more, more]
 
 
 @pytest.mark.parametrize("rows", [0, 23, 200])

@@ -32,9 +32,9 @@ def replays(monkeypatch):
     counts = {"calls": 0}
     run = _replay.Replay.__call__
 
-    def counting(self, addresses):
+    def counting(self, addresses, counts_=None):
         counts["calls"] += 1
-        return run(self, addresses)
+        return run(self, addresses, counts_)
 
     monkeypatch.setattr(_replay.Replay, "__call__", counting)
     return counts
@@ -108,6 +108,60 @@ def test_replayed_permutes_equal_the_oracle(replays, alignment, indices):
     assert replays["calls"] == 2
 
 
+def _rotations(counts, n):
+    """``n`` distinct rotations of ``counts`` (the same row count at any alignment)."""
+    lists = [counts[i:] + counts[:i] for i in range(n)]
+    assert len({tuple(x) for x in lists}) == n
+    return lists
+
+
+@pytest.mark.parametrize("alignment", [1, 4])
+def test_new_capacities_of_a_recorded_row_count_replay(replays, alignment):
+    """Every call passes new capacities (a training step's): from the second call of a row
+    count on, the calls are recorded and replayed with their own capacities staged."""
+    case, t = _case(7, alignment)
+    kept = []
+    for counts in _rotations(case["tokens_per_expert"], 6):
+        new = dict(case, tokens_per_expert=counts)
+        _poison()
+        kept.append(_permute(t, new))
+        _assert_outputs(kept[-1], _expected_permute(new))
+    assert replays["calls"] == 4
+    # capacities that the contract refuses, of the same row count: the full path's errors
+    bad = list(case["tokens_per_expert"])
+    bad[0], bad[1] = bad[0] + bad[1] + alignment, -alignment
+    assert sum(bad) == sum(case["tokens_per_expert"])
+    with pytest.raises(ValueError, match=r"tokens_per_expert must be >= 0"):
+        _permute(t, dict(case, tokens_per_expert=bad))
+    with pytest.raises(TypeError, match="tokens_per_expert must hold ints"):
+        _permute(t, dict(case, tokens_per_expert=[float(n) for n in case["tokens_per_expert"]]))
+    assert replays["calls"] == 4
+
+
+def test_a_graph_captured_with_new_capacities_reads_its_own(replays):
+    """A staged replay is not captured (the graph would read its pinned block again after
+    later calls rewrote it): the capture takes the full path, which uploads the counts."""
+    case, t = _case(8)
+    lists = _rotations(case["tokens_per_expert"], 5)
+    for counts in lists[:3]:
+        _permute(t, dict(case, tokens_per_expert=counts))
+    assert replays["calls"] == 1
+    captured_case = dict(case, tokens_per_expert=lists[3])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _permute(t, captured_case)
+    assert replays["calls"] == 1
+    for _ in range(2):
+        later = _permute(t, dict(case, tokens_per_expert=lists[4]))  # (a staged replay)
+        for out in captured:
+            out.fill_(7)
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_outputs(captured, _expected_permute(captured_case))
+        _assert_outputs(later, _expected_permute(dict(case, tokens_per_expert=lists[4])))
+    assert replays["calls"] == 3
+
+
 def test_a_replayed_unpermute_and_the_gradients_equal_the_oracle(replays):
     case, t = _case(2)
     rows, rowmap, row_probs, _ = _permute(t, case)
@@ -168,7 +222,8 @@ def test_calls_of_other_keys_take_the_full_path(replays):
     assert shifted.data_ptr() % 16 != x.data_ptr() % 16
     for _ in range(2):
         _assert_outputs(_permute({**t, "hidden_states": shifted}, case), _expected_permute(case))
-    # new capacities, validate=True, and a gradient to record: the full path every time
+    # new capacities of a new row count, validate=True, and a gradient to record: the full
+    # path every time
     more = dict(case, tokens_per_expert=[n + 1 for n in case["tokens_per_expert"]])
     _assert_outputs(_permute(t, more), _expected_permute(more))
     _assert_outputs(_permute(t, case, validate=True), _expected_permute(case))
@@ -207,13 +262,44 @@ def test_a_replay_runs_on_the_current_stream_and_in_a_cuda_graph(replays):
         outputs = _permute({**t, "hidden_states": x}, case)
     stream.synchronize()
     _assert_outputs(outputs, _expected_permute({**case, "hidden_states": other["hidden_states"]}))
+    assert replays["calls"] == 1
+    # a replay without capacities is captured; one that holds a device copy of them is not
+    # (the full path keeps them for the graph)
+    over = dict(override_buffer_size=outputs[0].shape[0])
+    for _ in range(2):
+        _permute(t, case, **over)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _permute(t, case, **over)
+        captured_counts = _permute(t, case)
+    assert replays["calls"] == 2
+    for _ in range(2):
+        for out in (*captured, *captured_counts):
+            out.fill_(7)
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_outputs(captured, _expected_permute(case, **over))
+        _assert_outputs(captured_counts, _expected_permute(case))
+
+
+def test_a_graph_keeps_its_capacities_after_the_caches_dropped_them(replays):
+    """Calls with more distinct capacities than any cache holds, and memory that held their
+    copies written over, between the replays of a graph captured with capacities."""
+    case, t = _case(9)
+    for _ in range(3):
+        _permute(t, case)  # (its device copy cached, then a replay that holds it)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = _permute(t, case)
+    counts = case["tokens_per_expert"]
+    for i in range(300):  # (twice each: a device copy, a replay that holds it)
+        for _ in range(2):
+            _permute(t, dict(case, tokens_per_expert=[n + i % 7 for n in counts[:-1]] + [i]))
     for _ in range(2):
+        litter = [torch.full((64,), -1, dtype=torch.int64, device="cuda") for _ in range(2000)]
         for out in captured:
             out.fill_(7)
         graph.replay()
         torch.cuda.synchronize()
+        del litter
         _assert_outputs(captured, _expected_permute(case))
-    assert replays["calls"] == 2

@@ -16,6 +16,8 @@ the call: a launch outside a sequence, the simulator, or no C launcher.
 
 from __future__ import annotations
 
+STAGED = "staged"  # the source of a recorded call's staged values (:mod:`._staged`)
+
 
 class Address(int):
     """The address ``value`` of byte ``offset`` of array ``source`` of a recorded call.
@@ -70,19 +72,19 @@ class RecordingLauncher:
         self._launcher.sequence(sequence, values, start, stop)
 
 
-def _word(value):
-    """(template word, slot) of a recorded value: an address's offset and its array, or a
-    constant and -1."""
+def _word(value, staged):
+    """(template word, slot) of a recorded value: an address's offset and its array (value
+    ``staged`` for the staged block), or a constant and -1."""
     if isinstance(value, Address):
-        return value.offset, value.source
+        return value.offset, staged if value.source == STAGED else value.source
     return int(value), -1
 
 
-def replay_sequence(launcher):
+def replay_sequence(launcher, staged):
     """The recorded launches of ``launcher`` (a :class:`RecordingLauncher`) as one C launch
-    sequence whose values are the addresses of the call's arrays, in their sources' order;
-    and the name of each launch's kernel (for an error). None when the recording was
-    refused."""
+    sequence whose values are the addresses of the call's arrays, in their sources' order,
+    the staged block's being value ``staged``; and the name of each launch's kernel (for an
+    error). None when the recording was refused."""
     if launcher.refused:
         return None
     launch = _launch_module()
@@ -90,7 +92,7 @@ def replay_sequence(launcher):
     for sequence, values, start, stop in launcher.runs:
         for i in range(start, stop):
             step = sequence.steps[i]
-            words = [_word(v) for v in sequence.args(i, values)]
+            words = [_word(v, staged) for v in sequence.args(i, values)]
             template, slots = [w for w, _ in words], [k for _, k in words]
             steps.append(launch.c_step(step, launcher.device, launcher.overlap, template, slots))
             names.append(step.kernel.name)

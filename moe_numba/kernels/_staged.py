@@ -9,8 +9,10 @@ pooled per device and size, and a block is taken from its pool only when that ev
 passed (else a new one is made: a pool grows to the number of calls in flight).
 
 A CUDA graph would keep reading a block after it went back to the pool, so a stream that is
-being captured never gets one (:func:`capturing`). Under the CUDA simulator the values are
-a NumPy array.
+being captured never gets one (:func:`capturing`): it gets a block of its own that is never
+written again or freed (:func:`kept_words`), since the graph may outlive any cache. Under the
+CUDA simulator the values are a NumPy array. A recorded call's block is a value of its
+replays, which stage their own (:mod:`._replay`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from collections import deque
 
 import numpy as np
 
+from ._buffer import DeviceBuffer
 from ._intrinsics import SIM
+from ._replay import STAGED, Address, RecordingLauncher
 from ._status import HostBlock, driver_call
 
 if not SIM:
@@ -27,14 +31,36 @@ if not SIM:
 
 _POOLS: dict[tuple[int, int], deque[HostBlock]] = {}
 _LEAST = 64  # the fewest words of a block (blocks come in powers of two from here)
+_KEPT: dict[tuple[int, bytes], DeviceBuffer] = {}  # (device, values) -> their words, for good
 
 
 def capturing(stream):
-    """Whether ``stream`` (a ``CUstream`` as an int) is being captured into a CUDA graph."""
+    """Whether ``stream`` (a ``CUstream`` as an int, or the launcher of a call being
+    recorded) is being captured into a CUDA graph."""
     if SIM:
         return False
+    if isinstance(stream, RecordingLauncher):
+        stream = stream.handle
     status = driver_call(_driver.cuStreamIsCapturing, _driver.CUstream(stream))
     return status != _driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def kept_words(device, values):
+    """The buffer of pinned, mapped host words that hold ``values`` (int64) for good: what a
+    kernel captured into a CUDA graph may read at every replay of the graph. One block per
+    device and distinct values (graphs are captured a few times, not per step)."""
+    values = np.asarray(values, dtype=np.int64)
+    key = (device, values.tobytes())
+    kept = _KEPT.get(key)
+    if kept is None:
+        if SIM:
+            kept = DeviceBuffer(0, values.nbytes, values.copy())
+        else:
+            block = HostBlock(max(1, values.size))
+            block.words[: values.size] = values
+            kept = DeviceBuffer(block.ptr, values.nbytes)
+        _KEPT[key] = kept
+    return kept
 
 
 class StagedWords:
@@ -44,7 +70,8 @@ class StagedWords:
     ----------
     launch : Launcher
         The call's launcher (its device and stream); the stream must not be capturing.
-    values : numpy.ndarray
+        Anything with the ``device`` and ``handle`` of a launcher will do.
+    values : numpy.ndarray or list of int
         The int64 values.
 
     Notes
@@ -72,7 +99,7 @@ class StagedWords:
         self._block = block = block or HostBlock(n)
         block.words[: len(values)] = values
         self._stream = launch.handle
-        self.arg = block.ptr
+        self.arg = Address(block.ptr, STAGED) if type(launch) is RecordingLauncher else block.ptr
 
     def release(self):
         """Mark the point on the stream after which the block may be written again."""

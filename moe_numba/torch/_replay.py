@@ -14,8 +14,19 @@ follow alignment); every scalar argument by value and exact type (``True`` is no
 here), the capacities included. Any other call takes the full path, which checks
 everything: arrays that are not all CUDA ``torch.Tensor`` objects, a call that
 ``torch.compile`` traces or autograd records, ``validate=True``, capacities that are not a
-list or tuple of ints, a key met for the first time (a training step's new capacities);
-and so does a replay that finds another current device.
+list or tuple of ints, a key met for the first time; and so does a replay that finds
+another current device.
+
+A training step passes new capacities every call, so a permute's key met for the first time
+has a second chance: the same key with the capacities' row count in their place (the
+kernels' grids and the outputs' shapes depend on the counts only through it). Such a key's
+recording stages its counts (:mod:`moe_numba.kernels._staged`) and so does each of its
+replays, after checking them as the full path does (a list or tuple of ``num_experts`` ints
+>= 0); not while the stream is being captured into a CUDA graph, which would read the
+pinned block at every replay of the graph. A graph may also outlive a replay and the device
+copy of its capacities, so a replay that holds one does not run while the stream is being
+captured either: the full path keeps a graph's capacities for good
+(:func:`moe_numba.kernels._staged.kept_words`).
 """
 
 from __future__ import annotations
@@ -25,10 +36,11 @@ import torch
 
 from .. import _api
 from .._cache import BoundedCache
-from .._capacities import plain_ints
+from .._capacities import plain_ints, plain_rows
 from .._gpu import RecordedCall
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (not in CPU builds)
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 
@@ -54,12 +66,14 @@ class Replay:
         "_names",
         "_outputs",
         "_sequence",
+        "_staged",
     )
 
     def __init__(self, call, recorded):
-        from ..kernels import _launch  # (numba: loaded by the recorded call already)
+        from ..kernels import _launch, _staged  # (numba: loaded by the recorded call already)
 
         self._driver = _launch._DRIVER
+        self._staged = _staged.StagedWords if call.stages else None
         self._sequence, self._names, self._outputs = recorded
         to_torch = call.library.to_torch
         self._allocations = tuple(
@@ -70,11 +84,14 @@ class Replay:
         self._index = call.launcher.device  # the current device the launches were made on
         self._kept = tuple(call.kept)  # (the sequence's constant addresses point into these)
 
-    def __call__(self, addresses):
+    def __call__(self, addresses, counts=None):
         """The outputs of a call whose arrays are at ``addresses`` (0 for None), or None where
-        it finds another current device or an allocation not 16-byte aligned."""
+        it finds another current device or an allocation not 16-byte aligned. A recording
+        that staged its capacities stages ``counts`` (checked ints)."""
         driver = self._driver
         if driver.current_device() != self._index:
+            return None
+        if self._kept and _capturing():  # (a graph would outlive the kept device copy)
             return None
         like = self._like
         allocated = [like.new_empty(shape, dtype=dtype) for shape, dtype in self._allocations]
@@ -85,11 +102,28 @@ class Replay:
         if bits & 15:
             return None
         sequence = self._sequence
-        failed = sequence.run(_raw_stream(self._device_index), addresses + words, 0, sequence.size)
+        stream = _raw_stream(self._device_index)
+        staged = None
+        if self._staged is not None:
+            staged = self._staged(_Stream(self._index, stream), counts)
+            words += (staged.arg,)
+        failed = sequence.run(stream, addresses + words, 0, sequence.size)
+        if staged is not None:
+            staged.release()
         if failed is not None:
             step, err = failed
             raise driver.error(err, self._names[step])
         return tuple([None if j < 0 else allocated[j] for j in self._outputs])
+
+
+class _Stream:
+    """The device and stream of a replay, as a staged block takes them from a launcher."""
+
+    __slots__ = ("device", "handle")
+
+    def __init__(self, device, handle):
+        self.device = device
+        self.handle = handle
 
 
 def _tensors(arrays):
@@ -134,7 +168,8 @@ class ReplayedOp:
         The indices of the arrays that autograd records the op for.
     counted : bool
         Whether the op takes ``tokens_per_expert`` (ignored when the scalar
-        ``override_buffer_size`` is >= 0).
+        ``override_buffer_size`` is >= 0), and has keys of their row count (see the
+        module docstring).
     """
 
     def __init__(self, run, differentiable=(), counted=False):
@@ -165,23 +200,51 @@ class ReplayedOp:
                     return None
         return (tensors[0], values, types, counts), tensors[1]
 
+    @staticmethod
+    def rows_key(key, scalars):
+        """The key of a call of ``key`` (:meth:`key`, with capacities) with its capacities'
+        row count in their place, or None where they are not what the contract allows."""
+        counts = key[3]
+        if counts is None:
+            return None
+        rows = plain_rows(counts, scalars["num_experts"], scalars["padding_alignment"])
+        return None if rows is None else (*key[:3], rows)
+
     def __call__(self, arrays, scalars, tokens_per_expert=None):
         found = self.key(arrays, scalars, tokens_per_expert)
         if found is None:
             return None
-        replay = self._replays.get(found[0])
-        return None if replay is None else replay(found[1])
+        key, addresses = found
+        replay = self._replays.get(key)
+        if replay is not None:
+            return replay(addresses)
+        if not self._counted:
+            return None
+        counts = key[3]
+        key = self.rows_key(key, scalars)
+        replay = None if key is None else self._replays.get(key)
+        if replay is None or _capturing():  # (a graph would read the staged block again)
+            return None
+        return replay(addresses, counts)
 
     def run(self, backend, plan, arrays, scalars, tokens_per_expert=None):
         """The outputs of a checked call with ``validate=False``: recorded, and its replay
-        kept, when its key is met the second time."""
+        kept, when its key, or else its key with the row count, is met the second time
+        (never while the stream is being captured: its capacities are kept for the graph,
+        not for eager calls)."""
         found = self.key(arrays, scalars, tokens_per_expert)
-        key = None if found is None else found[0]
-        if key is None or self._seen.get(key) is None:
-            if key is not None:
+        key = None if found is None or _capturing() else found[0]
+        stages = False
+        if key is not None and self._seen.get(key) is None:
+            self._seen.put(key, True)
+            key = self.rows_key(key, scalars) if self._counted else None
+            stages = True
+            if key is not None and self._seen.get(key) is None:
                 self._seen.put(key, True)
+                key = None
+        if key is None:
             return self._run(backend, plan, arrays, None)
-        call = RecordedCall(arrays)
+        call = RecordedCall(arrays, stages=stages)
         outputs = self._run(backend, plan, arrays, call)
         recorded = call.replay(outputs)
         if recorded is not None:
