@@ -125,23 +125,11 @@ def _plain_capacities(tokens_per_expert, num_experts, alignment):
     Python ints in [0, 2**63 - 1], computed without NumPy's per-call overhead (a training
     step passes new counts every call); None for anything else, which
     :func:`capacities_from` checks (and refuses with its errors)."""
-    if not plain_ints(tokens_per_expert):
+    if not plain_ints(tokens_per_expert) or len(tokens_per_expert) != num_experts:
         return None
-    num_rows = plain_rows(tokens_per_expert, num_experts, alignment)
-    if num_rows is None:
+    if min(tokens_per_expert) < 0 or max(tokens_per_expert) > INT64_MAX:
         return None
-    return np.array(tokens_per_expert, dtype=np.int64), num_rows
-
-
-def plain_rows(counts, num_experts, alignment):
-    """The rows that ``counts``, Python ints (:func:`plain_ints`), need once padded to the
-    int ``alignment``, where they are ``num_experts`` values in [0, 2**63 - 1] and
-    ``alignment`` > 0; None for anything else (:func:`capacities_from` has its errors)."""
-    if len(counts) != num_experts or alignment <= 0:
-        return None
-    if counts and (min(counts) < 0 or max(counts) > INT64_MAX):
-        return None
-    return sum(counts) if alignment == 1 else padded_rows(counts, alignment)
+    return np.array(tokens_per_expert, dtype=np.int64), padded_rows(tokens_per_expert, alignment)
 
 
 _INT = frozenset((int,))

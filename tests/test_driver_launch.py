@@ -35,10 +35,12 @@ def test_structures_have_the_layout_of_cuda_h():
 
 
 class _FakeCuda:
-    """cuLaunchKernelEx, cuGetErrorString and cuCtxGetDevice as C callbacks that record."""
+    """cuLaunchKernelEx, cuGetErrorString, cuCtxGetDevice, cuEventQuery and cuEventRecord as
+    C callbacks that record."""
 
     def __init__(self, result=0, device=3):
         self.launches = []
+        self.events = []
         config_p = ctypes.POINTER(_driver._LaunchConfig)
         launch_type = ctypes.CFUNCTYPE(
             ctypes.c_int, config_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
@@ -76,10 +78,22 @@ class _FakeCuda:
             out[0] = device
             return 0
 
+        def event_query(event):
+            self.events.append(("query", event))
+            return 600 if event == 13 else 0  # (CUDA_ERROR_NOT_READY)
+
+        def event_record(event, stream):
+            self.events.append(("record", event, stream or 0))
+            return result
+
+        query_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+        record_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
         # (kept referenced: ctypes does not keep callbacks alive)
         self.cuLaunchKernelEx = launch_type(launch)
         self.cuGetErrorString = error_type(error_string)
         self.cuCtxGetDevice = device_type(get_device)
+        self.cuEventQuery = query_type(event_query)
+        self.cuEventRecord = record_type(event_record)
 
 
 @_PACKERS
@@ -238,3 +252,40 @@ def test_a_c_sequence_refuses_values_it_lacks():
         sequence.run(0, (), 0, 1)
     with pytest.raises(IndexError, match="steps 0..2 of a sequence of 1"):
         sequence.run(0, (1,), 0, 2)
+
+
+def test_the_staging_helpers_call_the_driver_with_the_event_and_stream():
+    cuda = _FakeCuda(result=0)
+    launcher = _driver.DriverLauncher(cuda, _driver_c)
+    query, record = launcher.event_query_address, launcher.event_record_address
+    assert _driver_c.event_query(query, 12) == 0 and _driver_c.event_query(query, 13) == 600
+    assert _driver_c.event_record(record, 12, 77) == 0
+    assert cuda.events == [("query", 12), ("query", 13), ("record", 12, 77)]
+
+
+def test_staged_words_are_written_as_int64():
+    words = (ctypes.c_int64 * 4)()
+    _driver_c.write_words(ctypes.addressof(words), (0, 7, 2**63 - 1))
+    assert list(words) == [0, 7, 2**63 - 1, 0]
+
+
+@pytest.mark.parametrize("alignment", [1, 3, 128, 2**40])
+def test_a_replays_row_count_is_the_checked_paths(alignment):
+    """The row count that a staged replay's key takes (C, on the tuple of the call's
+    capacities) is the plain capacities' (Python), where both find them allowed and at most
+    MAX_ROWS; both refuse the same others (the full path then raises its errors)."""
+    import random
+
+    from moe_numba import _capacities
+    from moe_numba._contract import MAX_ROWS
+
+    rng = random.Random(alignment)
+    values = [0, 1, 5, 100, 2**28, 2**62, 2**63 - 1, 2**63, -1, True, 1.0]
+    for _ in range(2000):
+        n = rng.randint(1, 6)
+        counts = [rng.choice(values) for _ in range(n)]
+        E = rng.choice([n, n, n + 1])
+        plain = _capacities._plain_capacities(counts, E, alignment)
+        expected = -1 if plain is None or plain[1] > MAX_ROWS else plain[1]
+        assert _driver_c.padded_rows(tuple(counts), E, alignment, MAX_ROWS) == expected
+    assert _driver_c.padded_rows((1, 2), 2, 0, MAX_ROWS) == -1

@@ -125,6 +125,9 @@ class DriverLauncher:
         self.c = c_launcher  # the C extension, or None
         self.address = ctypes.cast(self._launch, ctypes.c_void_p).value  # of cuLaunchKernelEx
         self._get_device_address = ctypes.cast(self._get_device, ctypes.c_void_p).value
+        # (for the C helpers of staged replays, :mod:`._staged`)
+        self.event_query_address = ctypes.cast(libcuda.cuEventQuery, ctypes.c_void_p).value
+        self.event_record_address = ctypes.cast(libcuda.cuEventRecord, ctypes.c_void_p).value
 
     def current_device(self):
         """The device of the calling thread's current context, or None without one."""

@@ -6,12 +6,17 @@ after ``struct.pack_into`` has packed the kernel's parameters. Here both happen 
 :class:`LaunchSequence` runs all the launches of a library call (planned once per call key)
 in one call from Python, its parameters taken from a template and from the call's values.
 
-Nothing is linked against libcuda: the address of its ``cuLaunchKernelEx`` comes from the
-ctypes handle that :mod:`._driver` opened. Every parameter of this package's kernels is 8
-bytes (a ``CPointer`` or an int64), so a launch's parameters are one array of int64 words,
-passed as the ``extra`` buffer (``CU_LAUNCH_PARAM_BUFFER_POINTER``).
+Nothing is linked against libcuda: the address of its ``cuLaunchKernelEx`` (and of the other
+driver functions called here) comes from the ctypes handle that :mod:`._driver` opened.
+Every parameter of this package's kernels is 8 bytes (a ``CPointer`` or an int64), so a
+launch's parameters are one array of int64 words, passed as the ``extra`` buffer
+(``CU_LAUNCH_PARAM_BUFFER_POINTER``).
+
+A replay that stages its capacities (:mod:`moe_numba.torch._replay`) checks them, writes them
+into a pinned block and marks the block's reuse with the helpers at the end.
 """
 
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
@@ -45,6 +50,8 @@ cdef struct Config:
 
 ctypedef int (*LaunchFn)(const Config *, void *, void **, void **) noexcept nogil
 ctypedef int (*DeviceFn)(int *) noexcept nogil
+ctypedef int (*EventFn)(void *) noexcept nogil
+ctypedef int (*RecordFn)(void *, void *) noexcept nogil
 
 
 def context_device(uintptr_t get_device):
@@ -196,3 +203,44 @@ cdef class LaunchSequence:
             if err:
                 return i, err
         return None
+
+
+# The staged capacities of a replay.
+
+def padded_rows(tuple counts, Py_ssize_t n, int64_t alignment, int64_t most):
+    """``sum ceil(c / alignment) * alignment`` over ``counts``, where they are ``n`` exact
+    ints in [0, 2**63 - 1], ``alignment`` > 0 and the sum at most ``most``; else -1."""
+    if len(counts) != n or alignment <= 0:
+        return -1
+    cdef int64_t total = 0
+    cdef int64_t c
+    cdef int overflow = 0
+    for x in counts:
+        if not PyLong_CheckExact(x):
+            return -1
+        c = PyLong_AsLongLongAndOverflow(x, &overflow)
+        if overflow or c < 0:
+            return -1
+        c = c // alignment + (1 if c % alignment else 0)  # (no overflow: c < 2**63)
+        if c > (most - total) // alignment:
+            return -1
+        total += c * alignment
+    return total
+
+
+def write_words(uintptr_t address, tuple values):
+    """Store ``values`` (ints in the int64 range) as int64 words from ``address`` on."""
+    cdef int64_t *words = <int64_t *>address
+    cdef Py_ssize_t i
+    for i in range(len(values)):
+        words[i] = values[i]
+
+
+def event_query(uintptr_t query_fn, uintptr_t event):
+    """``cuEventQuery`` at ``query_fn`` of ``event``: 0 once it has passed."""
+    return (<EventFn>query_fn)(<void *>event)
+
+
+def event_record(uintptr_t record_fn, uintptr_t event, uintptr_t stream):
+    """``cuEventRecord`` at ``record_fn`` of ``event`` on ``stream``: the driver's result."""
+    return (<RecordFn>record_fn)(<void *>event, <void *>stream)

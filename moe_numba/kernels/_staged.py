@@ -12,7 +12,8 @@ A CUDA graph would keep reading a block after it went back to the pool, so a str
 being captured never gets one (:func:`capturing`): it gets a block of its own that is never
 written again or freed (:func:`kept_words`), since the graph may outlive any cache. Under the
 CUDA simulator the values are a NumPy array. A recorded call's block is a value of its
-replays, which stage their own (:mod:`._replay`).
+replays, which stage their own (:class:`ReplayStager`, through the C helpers of
+:mod:`._driver_c`: each replay of a training step pays for it).
 """
 
 from __future__ import annotations
@@ -56,11 +57,71 @@ def kept_words(device, values):
         if SIM:
             kept = DeviceBuffer(0, values.nbytes, values.copy())
         else:
-            block = HostBlock(max(1, values.size))
+            block = _relaxed(lambda: HostBlock(max(1, values.size)))
             block.words[: values.size] = values
             kept = DeviceBuffer(block.ptr, values.nbytes)
         _KEPT[key] = kept
     return kept
+
+
+def _relaxed(make):
+    """``make()`` in the relaxed capture mode: a stream capture of this thread (in CUDA's
+    global or thread-local mode, torch's default) would be invalidated by the pinned
+    allocation otherwise."""
+    relaxed = _driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    mode = driver_call(_driver.cuThreadExchangeStreamCaptureMode, relaxed)
+    try:
+        return make()
+    finally:
+        driver_call(_driver.cuThreadExchangeStreamCaptureMode, mode)
+
+
+def _pool(device, n):
+    """The pool of blocks of at least ``n`` words on ``device``."""
+    size = _LEAST
+    while size < n:
+        size *= 2
+    return size, _POOLS.setdefault((device, size), deque())
+
+
+class ReplayStager:
+    """The staged capacities of the replays of one recording on ``device``: :meth:`stage`
+    writes a call's counts into a free block of its pool, :meth:`release` marks the block's
+    reuse after the call's launches (as :class:`StagedWords` does, with C helpers)."""
+
+    __slots__ = ("_c", "_pools", "_query", "_record", "device")
+
+    def __init__(self, device):
+        from ._launch import _DRIVER  # (only replays, which need the C launcher, stage here)
+
+        self.device = device
+        self._c = _DRIVER.c
+        self._query = _DRIVER.event_query_address
+        self._record = _DRIVER.event_record_address
+        self._pools = {}  # counts -> (block size, pool)
+
+    def stage(self, counts):
+        """``(block, pool)``: a block that holds ``counts`` (a tuple of ints in the int64
+        range) and that no launch in flight reads, and the pool it goes back to."""
+        n = len(counts)
+        entry = self._pools.get(n)
+        if entry is None:
+            entry = self._pools[n] = _pool(self.device, n)
+        size, pool = entry
+        block = None
+        if pool and self._c.event_query(self._query, pool[0].event_handle) == 0:
+            block = pool.popleft()
+        block = block or HostBlock(size)
+        self._c.write_words(block.host, counts)
+        return block, pool
+
+    def release(self, block, pool, stream):
+        """Mark the point on ``stream`` (a ``CUstream`` as an int) after the launches that
+        read ``block``, from which it may be written again, and give it back to ``pool``."""
+        err = self._c.event_record(self._record, block.event_handle, stream)
+        if err:  # (the block is dropped: a launch in flight may read it)
+            raise RuntimeError(f"cuEventRecord failed: CUDA error {err}")
+        pool.append(block)
 
 
 class StagedWords:

@@ -40,16 +40,18 @@ class HostBlock:
     """``n`` pinned host words (default: a status's) that the device can load and store
     through its mapped address ``ptr``, and an event (one device's)."""
 
-    __slots__ = ("event", "ptr", "words")
+    __slots__ = ("event", "event_handle", "host", "ptr", "words")
 
     def __init__(self, n=_WORDS):
         flags = _driver.CU_MEMHOSTALLOC_PORTABLE | _driver.CU_MEMHOSTALLOC_DEVICEMAP
         host = driver_call(_driver.cuMemHostAlloc, n * 8, flags)
+        self.host = int(host)
         self.ptr = int(driver_call(_driver.cuMemHostGetDevicePointer, host, 0))
-        self.words = np.ctypeslib.as_array((ctypes.c_int64 * n).from_address(int(host)))
+        self.words = np.ctypeslib.as_array((ctypes.c_int64 * n).from_address(self.host))
         self.event = driver_call(
             _driver.cuEventCreate, _driver.CUevent_flags.CU_EVENT_DISABLE_TIMING
         )
+        self.event_handle = int(self.event)
 
 
 class StatusWords:

@@ -36,8 +36,14 @@ import torch
 
 from .. import _api
 from .._cache import BoundedCache
-from .._capacities import plain_ints, plain_rows
+from .._capacities import plain_ints
+from .._contract import MAX_ROWS
 from .._gpu import RecordedCall
+
+try:  # (without the C launcher nothing is recorded)
+    from ..kernels._driver_c import padded_rows as _padded_rows
+except ImportError:
+    _padded_rows = None
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (not in CPU builds)
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
@@ -73,7 +79,6 @@ class Replay:
         from ..kernels import _launch, _staged  # (numba: loaded by the recorded call already)
 
         self._driver = _launch._DRIVER
-        self._staged = _staged.StagedWords if call.stages else None
         self._sequence, self._names, self._outputs = recorded
         to_torch = call.library.to_torch
         self._allocations = tuple(
@@ -82,6 +87,7 @@ class Replay:
         self._like = call.like.new_empty((0,))  # (new_empty parses less than torch.empty)
         self._device_index = call.like.device.index
         self._index = call.launcher.device  # the current device the launches were made on
+        self._staged = _staged.ReplayStager(self._index) if call.stages else None
         self._kept = tuple(call.kept)  # (the sequence's constant addresses point into these)
 
     def __call__(self, addresses, counts=None):
@@ -103,27 +109,17 @@ class Replay:
             return None
         sequence = self._sequence
         stream = _raw_stream(self._device_index)
-        staged = None
-        if self._staged is not None:
-            staged = self._staged(_Stream(self._index, stream), counts)
-            words += (staged.arg,)
-        failed = sequence.run(stream, addresses + words, 0, sequence.size)
-        if staged is not None:
-            staged.release()
+        stager = self._staged
+        if stager is None:
+            failed = sequence.run(stream, addresses + words, 0, sequence.size)
+        else:
+            block, pool = stager.stage(counts)
+            failed = sequence.run(stream, addresses + words + (block.ptr,), 0, sequence.size)
+            stager.release(block, pool, stream)
         if failed is not None:
             step, err = failed
             raise driver.error(err, self._names[step])
         return tuple([None if j < 0 else allocated[j] for j in self._outputs])
-
-
-class _Stream:
-    """The device and stream of a replay, as a staged block takes them from a launcher."""
-
-    __slots__ = ("device", "handle")
-
-    def __init__(self, device, handle):
-        self.device = device
-        self.handle = handle
 
 
 def _tensors(arrays):
@@ -205,10 +201,15 @@ class ReplayedOp:
         """The key of a call of ``key`` (:meth:`key`, with capacities) with its capacities'
         row count in their place, or None where they are not what the contract allows."""
         counts = key[3]
-        if counts is None:
+        if counts is None or _padded_rows is None:
             return None
-        rows = plain_rows(counts, scalars["num_experts"], scalars["padding_alignment"])
-        return None if rows is None else (*key[:3], rows)
+        try:
+            rows = _padded_rows(
+                counts, scalars["num_experts"], scalars["padding_alignment"], MAX_ROWS
+            )
+        except OverflowError:  # (E or A past int64: the full path refuses them)
+            return None
+        return None if rows < 0 else (*key[:3], rows)
 
     def __call__(self, arrays, scalars, tokens_per_expert=None):
         found = self.key(arrays, scalars, tokens_per_expert)
