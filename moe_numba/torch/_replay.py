@@ -36,7 +36,6 @@ import torch
 
 from .. import _api
 from .._cache import BoundedCache
-from .._capacities import plain_ints
 from .._contract import MAX_ROWS
 from .._gpu import RecordedCall
 
@@ -143,12 +142,18 @@ def _tensors(arrays):
 _SCALAR_TYPES = frozenset((int, bool))
 
 
-def _counts(tokens_per_expert):
-    """The capacities as part of a key: the ints of a list or tuple as a tuple, None for
-    None, else False (a kind that no key holds)."""
-    if tokens_per_expert is None:
+def _counts(tokens_per_expert, scalars):
+    """``(counts, rows)``: the capacities as a tuple and their padded row count, where they
+    are what the contract allows (a list or tuple of ``num_experts`` exact ints >= 0 that
+    need at most MAX_ROWS rows); else None (the full path checks them, and raises)."""
+    if _padded_rows is None or type(tokens_per_expert) not in (list, tuple):
+        return None  # (without the C launcher nothing is recorded)
+    counts = tuple(tokens_per_expert)
+    try:
+        rows = _padded_rows(counts, scalars["num_experts"], scalars["padding_alignment"], MAX_ROWS)
+    except OverflowError:  # (E or A past int64)
         return None
-    return tuple(tokens_per_expert) if plain_ints(tokens_per_expert) else False
+    return None if rows < 0 else (counts, rows)
 
 
 class ReplayedOp:
@@ -176,17 +181,22 @@ class ReplayedOp:
         self._seen = BoundedCache(256)  # keys met once
 
     def key(self, arrays, scalars, tokens_per_expert=None):
-        """``(key, addresses)`` of a call that a replay may repeat, else None (``arrays``,
-        ``scalars`` and ``tokens_per_expert`` as the op's checks take them)."""
+        """``(key, addresses, rows key)`` of a call that a replay may repeat, else None
+        (``arrays``, ``scalars`` and ``tokens_per_expert`` as the op's checks take them).
+        The rows key is the key with the capacities' row count in their place, or None for
+        a call without capacities."""
         if _is_compiling() or scalars["validate"] is not False:
             return None
         values = tuple(scalars.values())
         types = tuple(map(type, values))
-        counts = None
-        if self._counted and not _overridden(scalars["override_buffer_size"]):
-            counts = _counts(tokens_per_expert)
-        if counts is False or not _SCALAR_TYPES.issuperset(types):
+        if not _SCALAR_TYPES.issuperset(types):
             return None
+        counts = rows = None
+        if self._counted and not _overridden(scalars["override_buffer_size"]):
+            found = _counts(tokens_per_expert, scalars)
+            if found is None:
+                return None
+            counts, rows = found
         tensors = _tensors(arrays)
         if tensors is None:
             return None
@@ -194,52 +204,35 @@ class ReplayedOp:
             for i in self._differentiable:
                 if arrays[i] is not None and arrays[i].requires_grad:
                     return None
-        return (tensors[0], values, types, counts), tensors[1]
-
-    @staticmethod
-    def rows_key(key, scalars):
-        """The key of a call of ``key`` (:meth:`key`, with capacities) with its capacities'
-        row count in their place, or None where they are not what the contract allows."""
-        counts = key[3]
-        if counts is None or _padded_rows is None:
-            return None
-        try:
-            rows = _padded_rows(
-                counts, scalars["num_experts"], scalars["padding_alignment"], MAX_ROWS
-            )
-        except OverflowError:  # (E or A past int64: the full path refuses them)
-            return None
-        return None if rows < 0 else (*key[:3], rows)
+        key = (tensors[0], values, types, counts)
+        return key, tensors[1], None if rows is None else (tensors[0], values, types, rows)
 
     def __call__(self, arrays, scalars, tokens_per_expert=None):
         found = self.key(arrays, scalars, tokens_per_expert)
         if found is None:
             return None
-        key, addresses = found
+        key, addresses, rows_key = found
         replay = self._replays.get(key)
         if replay is not None:
             return replay(addresses)
-        if not self._counted:
-            return None
-        counts = key[3]
-        key = self.rows_key(key, scalars)
-        replay = None if key is None else self._replays.get(key)
+        replay = None if rows_key is None else self._replays.get(rows_key)
         if replay is None or _capturing():  # (a graph would read the staged block again)
             return None
-        return replay(addresses, counts)
+        return replay(addresses, key[3])
 
     def run(self, backend, plan, arrays, scalars, tokens_per_expert=None):
         """The outputs of a checked call with ``validate=False``: recorded, and its replay
-        kept, when its key, or else its key with the row count, is met the second time
-        (never while the stream is being captured: its capacities are kept for the graph,
-        not for eager calls)."""
+        kept, when its key, or else its rows key, is met the second time (never while the
+        stream is being captured: its capacities are kept for the graph, not for eager
+        calls)."""
         found = self.key(arrays, scalars, tokens_per_expert)
-        key = None if found is None or _capturing() else found[0]
+        if found is None or _capturing():
+            return self._run(backend, plan, arrays, None)
+        key, _, rows_key = found
         stages = False
-        if key is not None and self._seen.get(key) is None:
+        if self._seen.get(key) is None:
             self._seen.put(key, True)
-            key = self.rows_key(key, scalars) if self._counted else None
-            stages = True
+            key, stages = rows_key, True
             if key is not None and self._seen.get(key) is None:
                 self._seen.put(key, True)
                 key = None
