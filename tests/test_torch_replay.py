@@ -139,6 +139,25 @@ def test_new_capacities_of_a_recorded_row_count_replay(replays, alignment):
     assert replays["calls"] == 4
 
 
+def test_staged_replays_queued_behind_a_busy_gpu_keep_their_own_counts(replays):
+    """Calls queued while the GPU is held: each stages its counts in a block that no call in
+    flight reads (the pool grows), so every output is that of its own capacities."""
+    case, t = _case(10)
+    rng = np.random.default_rng(10)
+    lists = {tuple(rng.permutation(case["tokens_per_expert"]).tolist()) for _ in range(200)}
+    lists = [list(x) for x in sorted(lists)][:60]
+    assert len(lists) == 60
+    for counts in lists[:2]:  # (full path, recorded)
+        _permute(t, dict(case, tokens_per_expert=counts))
+    torch.cuda.synchronize()
+    torch.cuda._sleep(100_000_000)  # (about 50 ms: every call below is queued behind it)
+    queued = [_permute(t, dict(case, tokens_per_expert=counts)) for counts in lists[2:]]
+    torch.cuda.synchronize()
+    assert replays["calls"] == len(queued)
+    for counts, outputs in zip(lists[2:], queued, strict=True):
+        _assert_outputs(outputs, _expected_permute(dict(case, tokens_per_expert=counts)))
+
+
 def test_a_graph_captured_with_new_capacities_reads_its_own(replays):
     """A staged replay is not captured (the graph would read its pinned block again after
     later calls rewrote it): the capture takes the full path, which uploads the counts."""

@@ -84,6 +84,24 @@ def _pool(device, n):
     return size, _POOLS.setdefault((device, size), deque())
 
 
+def _take(pool, passed):
+    """A block of ``pool`` that ``passed(block)`` finds free, or None. The block is popped
+    before it is tested, so two threads never take the same one."""
+    try:
+        block = pool.popleft()
+    except IndexError:
+        return None
+    if passed(block):
+        return block
+    pool.appendleft(block)
+    return None
+
+
+def _passed(block):
+    """Whether ``block``'s event has passed (no launch in flight reads the block)."""
+    return _driver.cuEventQuery(block.event)[0] == _driver.CUresult.CUDA_SUCCESS
+
+
 class ReplayStager:
     """The staged capacities of the replays of one recording on ``device``: :meth:`stage`
     writes a call's counts into a free block of its pool, :meth:`release` marks the block's
@@ -100,6 +118,9 @@ class ReplayStager:
         self._record = _DRIVER.event_record_address
         self._pools = {}  # counts -> (block size, pool)
 
+    def _passed(self, block):
+        return self._c.event_query(self._query, block.event_handle) == 0
+
     def stage(self, counts):
         """``(block, pool)``: a block that holds ``counts`` (a tuple of ints in the int64
         range) and that no launch in flight reads, and the pool it goes back to."""
@@ -108,10 +129,7 @@ class ReplayStager:
         if entry is None:
             entry = self._pools[n] = _pool(self.device, n)
         size, pool = entry
-        block = None
-        if pool and self._c.event_query(self._query, pool[0].event_handle) == 0:
-            block = pool.popleft()
-        block = block or HostBlock(size)
+        block = _take(pool, self._passed) or HostBlock(size)
         self._c.write_words(block.host, counts)
         return block, pool
 
@@ -148,15 +166,9 @@ class StagedWords:
             self._block = self._pool = self._stream = None
             self.arg = np.array(values, dtype=np.int64)
             return
-        n = _LEAST
-        while n < len(values):
-            n *= 2
-        pool = self._pool = _POOLS.setdefault((launch.device, n), deque())
-        block = None
-        if pool:
-            done = _driver.cuEventQuery(pool[0].event)[0] == _driver.CUresult.CUDA_SUCCESS
-            if done:
-                block = pool.popleft()
+        n, pool = _pool(launch.device, len(values))
+        self._pool = pool
+        block = _take(pool, _passed)
         self._block = block = block or HostBlock(n)
         block.words[: len(values)] = values
         self._stream = launch.handle
