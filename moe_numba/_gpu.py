@@ -175,18 +175,18 @@ class _GPUBackend:
         self._capacities = BoundedCache(64)
         self._seen = BoundedCache(256)  # capacities' keys met once (see _permute_capacities)
 
-    def _capacities_on_device(self, call, capacities, stream, key=None):
+    def _capacities_on_device(self, call, capacities, capturing, key=None):
         """The buffer of an int64 host array the kernels read (``tokens_per_expert``;
         moe_sort_chunks's host sizes and order): a copy on the arrays' device, uploaded
         once per distinct value (``key``: :meth:`_capacities_key`, when the caller has it).
 
         The kernels only read it, so a copy can serve every later call with the same values
-        (fixed capacities are common in serving). A stream being captured gets pinned host
-        words kept for good instead (:func:`.kernels._staged.kept_words`): a CUDA graph
-        reads them at every replay, after a cached copy may have been dropped and its
-        memory reused.
+        (fixed capacities are common in serving). A call on a stream being captured
+        (``capturing``) gets pinned host words kept for good instead
+        (:func:`.kernels._staged.kept_words`): a CUDA graph reads them at every replay,
+        after a cached copy may have been dropped and its memory reused.
         """
-        if self._capturing(stream):
+        if capturing:
             return self._kept_words(call.library.device(call.like), capacities)
         key = self._capacities_key(call, capacities) if key is None else key
         copy = self._capacities.get_or_compute(
@@ -208,10 +208,11 @@ class _GPUBackend:
         after it went back to its pool (:meth:`_capacities_on_device`)."""
         key = self._capacities_key(call, capacities)
         met = self._capacities.get(key) is not None or self._seen.get(key) is not None
-        if (call.stages or not met) and not self._capturing(stream):
+        capturing = self._capturing(stream)
+        if (call.stages or not met) and not capturing:
             self._seen.put(key, True)
             return None, capacities
-        return self._capacities_on_device(call, capacities, stream, key), None
+        return self._capacities_on_device(call, capacities, capturing, key), None
 
     def permute(self, plan, arrays, validate, empty=None, call=None):
         """Run ``moe_permute`` on CUDA arrays: ``(outputs, status words or None)``.
@@ -282,16 +283,17 @@ class _GPUBackend:
         call = _Call(arrays.x, empty)
         out = sort_outputs(plan, call.empty)
         stream = call.library.stream(arrays.x)
+        capturing = self._capturing(stream)
         sizes = arrays.split_sizes
         if sizes is None:
-            sizes = self._capacities_on_device(call, plan.sizes, stream)
+            sizes = self._capacities_on_device(call, plan.sizes, capturing)
         else:
             sizes = call.buffer(sizes)
         check = validate and arrays.split_sizes is not None
         buffers = self._sort_chunks.SortBuffers(
             x=call.buffer(arrays.x),
             sizes=sizes,
-            order=self._capacities_on_device(call, plan.order, stream),
+            order=self._capacities_on_device(call, plan.order, capturing),
             probs=call.buffer(arrays.probs),
             out_y=call.buffer(out.y),
             out_probs=call.buffer(out.probs),

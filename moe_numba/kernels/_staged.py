@@ -149,8 +149,7 @@ class StagedWords:
     ----------
     launch : Launcher
         The call's launcher (its device and stream); the stream must not be capturing.
-        Anything with the ``device`` and ``handle`` of a launcher will do.
-    values : numpy.ndarray or list of int
+    values : numpy.ndarray
         The int64 values.
 
     Notes
