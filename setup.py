@@ -112,6 +112,16 @@ extensions.append(
     )
 )
 
+# the torch replays' compiled half (moe_numba.torch._replay_c): Python objects only
+extensions.append(
+    Extension(
+        "moe_numba.torch._replay_c",
+        ["moe_numba/torch/_replay_c.pyx"],
+        depends=["moe_numba/torch/_replay_c.pyx"],
+        extra_compile_args=["-O2"],
+    )
+)
+
 setup(
     options={"build": {"build_base": build_base}},
     ext_modules=cythonize(

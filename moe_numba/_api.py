@@ -31,13 +31,49 @@ _unpermute_calls = BoundedCache(256)
 # op name -> the replays of its untraced calls on torch CUDA tensors
 # (moe_numba.torch._replay.ReplayedOp), filled when torch tensors first reach moe_numba
 REPLAYS = {}
+_TRACING = []  # torch.compiler.is_compiling, set with REPLAYS: traced calls never replay
 
 
-def replayed(op, arrays, scalars, tokens_per_expert=None):
+def register_replays(replays, tracing):
+    """Fill :data:`REPLAYS` (op name -> its replays) and set ``tracing()``, which says whether
+    ``torch.compile`` is tracing the call: a traced call runs its checks and its custom op,
+    and the compiled replays are never called from traced code."""
+    REPLAYS.update(replays)
+    _TRACING[:] = [tracing]
+
+
+# the names of each op's scalar arguments that its checks read, in the order of its scalars
+PERMUTE_SCALARS = (
+    "num_experts",
+    "padding_alignment",
+    "do_gather",
+    "using_ue8m0_scale",
+    "return_expert_indices",
+    "override_buffer_size",
+    "validate",
+)
+UNPERMUTE_SCALARS = (
+    "total_zipped_tokens",
+    "num_experts",
+    "using_mix_precision",
+    "using_weighted_combine",
+    "validate",
+)
+
+
+def replayed(op, arrays, values, tokens_per_expert=None):
     """The outputs of a call of ``op`` that a replay repeats (:mod:`moe_numba.torch._replay`),
-    else None: ``arrays`` and ``scalars`` as the op's checks take them."""
+    else None: ``arrays`` the op's arrays, ``values`` its scalars' values (both tuples, in
+    the order of its NamedTuple and of its scalar names)."""
     replays = REPLAYS.get(op)
-    return None if replays is None else replays(arrays, scalars, tokens_per_expert)
+    if replays is None or _TRACING[0]():
+        return None
+    return replays(arrays, values, tokens_per_expert)
+
+
+def tracing():
+    """Whether ``torch.compile`` is tracing the call (False before torch tensors arrive)."""
+    return bool(_TRACING) and _TRACING[0]()
 
 
 def _metadata(arrays):
@@ -194,6 +230,22 @@ def moe_permute(
            [-1,  2, -1],
            [ 1,  3, -1]], dtype=int32)
     """
+    outputs = replayed(
+        "permute",
+        (hidden_states, scale, expert_routemap_topk, expert_prob_topk),
+        (
+            num_experts,
+            padding_alignment,
+            do_gather,
+            using_ue8m0_scale,
+            return_expert_indices,
+            override_buffer_size,
+            validate,
+        ),
+        tokens_per_expert,
+    )
+    if outputs is not None:
+        return outputs
     return _moe_permute(
         hidden_states,
         scale,
@@ -241,10 +293,6 @@ def _moe_permute(
         override_buffer_size,
         validate,
     )
-    if torch_ops:
-        outputs = replayed("permute", arrays, scalars, tokens_per_expert)
-        if outputs is not None:
-            return outputs
     if torch_ops and _has_torch_tensor(arrays):
         from .torch import _calls
 
@@ -253,25 +301,10 @@ def _moe_permute(
     return run_permute(backend, plan, arrays, validate, empty)
 
 
-def permute_scalars(
-    num_experts,
-    padding_alignment,
-    do_gather,
-    using_ue8m0_scale,
-    return_expert_indices,
-    override_buffer_size,
-    validate,
-):
-    """The arguments of ``moe_permute`` that its checks read, by name."""
-    return dict(
-        num_experts=num_experts,
-        padding_alignment=padding_alignment,
-        do_gather=do_gather,
-        using_ue8m0_scale=using_ue8m0_scale,
-        return_expert_indices=return_expert_indices,
-        override_buffer_size=override_buffer_size,
-        validate=validate,
-    )
+def permute_scalars(*values):
+    """The arguments of ``moe_permute`` that its checks read, by name (``values`` in the
+    order of PERMUTE_SCALARS)."""
+    return dict(zip(PERMUTE_SCALARS, values, strict=True))
 
 
 def planned_permute(arrays, scalars, tokens_per_expert):
@@ -363,6 +396,18 @@ def moe_unpermute(
     >>> slot_probs
     array([[0.75, 0.25]], dtype=float32)
     """
+    outputs = replayed(
+        "unpermute",
+        (
+            hidden_states_unzipped,
+            zipped_expertwise_rowmap,
+            expert_routemap_topk,
+            token_prob_unzipped,
+        ),
+        (total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate),
+    )
+    if outputs is not None:
+        return outputs
     return _moe_unpermute(
         hidden_states_unzipped,
         zipped_expertwise_rowmap,
@@ -398,10 +443,6 @@ def _moe_unpermute(
     scalars = unpermute_scalars(
         total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate
     )
-    if torch_ops:
-        outputs = replayed("unpermute", arrays, scalars)
-        if outputs is not None:
-            return outputs
     if torch_ops and _has_torch_tensor(arrays):
         from .torch import _calls
 
@@ -410,17 +451,10 @@ def _moe_unpermute(
     return run_unpermute(backend, plan, arrays, validate, empty)
 
 
-def unpermute_scalars(
-    total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate
-):
-    """The arguments of ``moe_unpermute`` that its checks read, by name."""
-    return dict(
-        total_zipped_tokens=total_zipped_tokens,
-        num_experts=num_experts,
-        using_mix_precision=using_mix_precision,
-        using_weighted_combine=using_weighted_combine,
-        validate=validate,
-    )
+def unpermute_scalars(*values):
+    """The arguments of ``moe_unpermute`` that its checks read, by name (``values`` in the
+    order of UNPERMUTE_SCALARS)."""
+    return dict(zip(UNPERMUTE_SCALARS, values, strict=True))
 
 
 def planned_unpermute(arrays, scalars):

@@ -3,7 +3,7 @@ run, raise (the steps of :mod:`moe_numba._api`)."""
 
 from __future__ import annotations
 
-from ._api import REPLAYS, Array, _has_torch_tensor, _prepare, replayed
+from ._api import REPLAYS, Array, _has_torch_tensor, _prepare, replayed, tracing
 from ._cache import BoundedCache
 from ._contract_backward import (
     PermuteBackwardArrays,
@@ -13,6 +13,10 @@ from ._contract_backward import (
     raise_for_permute_backward_status,
     raise_for_unpermute_backward_status,
 )
+
+# the names of each op's scalar arguments that its checks read, in the order of its scalars
+PERMUTE_BACKWARD_SCALARS = ("validate",)
+UNPERMUTE_BACKWARD_SCALARS = ("using_weighted_combine", "num_rows", "validate")
 
 _permute_backward_calls = BoundedCache(256)  # call key -> (backend, metadata plan)
 _unpermute_backward_calls = BoundedCache(256)
@@ -27,7 +31,7 @@ def _run(op, calls, arrays, scalars, check_metadata, raise_for_status):
     The gradient ops are not torch custom ops themselves: the backward of ``moe_numba::
     permute`` / ``unpermute`` calls them from inside one.
     """
-    outputs = replayed(op, arrays, scalars)
+    outputs = replayed(op, tuple(arrays), tuple(scalars.values()))
     if outputs is not None:
         return outputs
     validate = scalars["validate"]
@@ -40,7 +44,7 @@ def _run(op, calls, arrays, scalars, check_metadata, raise_for_status):
 
         _check_all_tensors(arrays)  # as in the forward ops: all torch tensors, or none
         torch_cpu = all(x is None or x.device.type == "cpu" for x in arrays)
-        if not torch_cpu and validate is False:  # (CUDA tensors: recorded for a replay)
+        if not torch_cpu and validate is False and not tracing():  # (recorded for a replay)
             return REPLAYS[op].run(backend, plan, arrays, scalars)
     if torch_cpu:
         from .torch._bridge import from_numpy, to_numpy
@@ -127,7 +131,7 @@ def moe_permute_backward(
         "permute_backward",
         _permute_backward_calls,
         arrays,
-        {"validate": validate},
+        dict(zip(PERMUTE_BACKWARD_SCALARS, (validate,), strict=True)),
         check_permute_backward_metadata,
         raise_for_permute_backward_status,
     )
@@ -229,11 +233,13 @@ def moe_unpermute_backward(
         "unpermute_backward",
         _unpermute_backward_calls,
         arrays,
-        {
-            "using_weighted_combine": using_weighted_combine,
-            "num_rows": num_rows,
-            "validate": validate,
-        },
+        dict(
+            zip(
+                UNPERMUTE_BACKWARD_SCALARS,
+                (using_weighted_combine, num_rows, validate),
+                strict=True,
+            )
+        ),
         check_unpermute_backward_metadata,
         raise_for_unpermute_backward_status,
     )

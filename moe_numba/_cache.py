@@ -9,7 +9,7 @@ that costs microseconds, and the working set refills in one round of calls.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
@@ -34,6 +34,12 @@ class BoundedCache(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._data)
+
+    @property
+    def entries(self) -> Mapping[Hashable, V]:
+        """The entries themselves, for lookups on a hot path (never written through this):
+        the same mapping for the cache's life, emptied in place."""
+        return self._data
 
     def get(self, key: Hashable) -> V | None:
         """The value stored under ``key``, or None."""

@@ -1,4 +1,4 @@
-"""The type stubs of the compiled modules (moe_cpu's, and moe_numba's C launcher) match the
+"""The type stubs of the compiled modules (moe_cpu's, moe_numba's C launcher and replays) match the
 modules: ``mypy.stubtest`` imports each extension and compares every name, parameter (name,
 kind, default) and constant with its stub."""
 
@@ -62,6 +62,17 @@ def test_stubs_match_the_extensions(tmp_path):
 
 def test_the_c_launcher_stub_matches_it(tmp_path):
     done = _stubtest(tmp_path, "moe_numba.kernels._driver_c", allow=C_LAUNCHER_INTERNALS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "in 1 module" in done.stdout, done.stdout
+
+
+def test_the_replays_stub_matches_them(tmp_path):
+    allow = [
+        r"moe_numba\.torch\._replay_c\.__test__",
+        r"moe_numba\.torch\._replay_c\.\w+\.__reduce_cython__",
+        r"moe_numba\.torch\._replay_c\.\w+\.__setstate_cython__",
+    ]
+    done = _stubtest(tmp_path, "moe_numba.torch._replay_c", allow=allow)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "in 1 module" in done.stdout, done.stdout
 

@@ -24,21 +24,25 @@ from moe_numba import (
 pytestmark = CUDA.marks
 
 
+class _ReplaysRun:
+    """``counter["calls"]``: the replays that ran since the counter was made (a replay that
+    finds it cannot run is not one)."""
+
+    def __init__(self):
+        from moe_numba.torch import _replay
+
+        self._run = _replay.replays_run
+        self._start = self._run()
+
+    def __getitem__(self, name):
+        assert name == "calls"
+        return self._run() - self._start
+
+
 @pytest.fixture
-def replays(monkeypatch):
-    """Counts of the replays that ran (a replay that finds it cannot run is not one)."""
-    from moe_numba.torch import _replay
-
-    counts = {"calls": 0}
-    run = _replay.Replay.__call__
-
-    def counting(self, addresses, counts_=None):
-        outputs = run(self, addresses, counts_)
-        counts["calls"] += outputs is not None
-        return outputs
-
-    monkeypatch.setattr(_replay.Replay, "__call__", counting)
-    return counts
+def replays():
+    """Counts of the replays that ran during the test."""
+    return _ReplaysRun()
 
 
 def _poison():

@@ -124,7 +124,7 @@ class DriverLauncher:
         self._words = _Words()
         self.c = c_launcher  # the C extension, or None
         self.address = ctypes.cast(self._launch, ctypes.c_void_p).value  # of cuLaunchKernelEx
-        self._get_device_address = ctypes.cast(self._get_device, ctypes.c_void_p).value
+        self.get_device_address = ctypes.cast(self._get_device, ctypes.c_void_p).value
         # (for the C helpers of staged replays, :mod:`._staged`)
         self.event_query_address = ctypes.cast(libcuda.cuEventQuery, ctypes.c_void_p).value
         self.event_record_address = ctypes.cast(libcuda.cuEventRecord, ctypes.c_void_p).value
@@ -132,7 +132,7 @@ class DriverLauncher:
     def current_device(self):
         """The device of the calling thread's current context, or None without one."""
         if self.c is not None:
-            device = self.c.context_device(self._get_device_address)
+            device = self.c.context_device(self.get_device_address)
             return None if device < 0 else device
         device = ctypes.c_int(0)
         if self._get_device(ctypes.byref(device)):

@@ -1,0 +1,312 @@
+# cython: language_level=3
+"""The replays of :mod:`moe_numba.torch._replay`, compiled: their key, lookup and launches.
+
+A replayed call's host time is torch's (its tensors' attributes, the outputs' allocations)
+and the driver's (the launches) plus the Python between them; here that Python runs as C.
+The module docstring of :mod:`moe_numba.torch._replay` says what a key holds and when a
+call is replayed; this module is built with the package, beside the C launcher it needs.
+"""
+
+from cpython.long cimport PyLong_CheckExact
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
+from libc.stdint cimport uintptr_t
+
+import numpy as np
+import torch
+
+from .._cache import BoundedCache
+from .._contract import MAX_ROWS
+from .._gpu import RecordedCall
+from ..kernels._driver_c import padded_rows
+
+ctypedef int (*DeviceFn)(int *) noexcept nogil
+
+cdef object _Tensor = torch.Tensor
+cdef object _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (CUDA builds)
+cdef object _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+# scratch comes from torch's caching allocator as an address: no tensor made and dropped
+cdef object _raw_alloc = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_alloc", None)
+cdef object _raw_delete = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_delete", None)
+cdef object _grad_enabled = torch.is_grad_enabled
+
+cdef unsigned long long _runs = 0  # replays that ran
+
+
+def replays_run():
+    """How many replays have run in this process (the tests count them)."""
+    return _runs
+
+
+cdef tuple _tensors(tuple arrays):
+    """``(key, addresses)`` of a call's arrays: per tensor its shape, dtype, device and low
+    address bits (contiguous: its strides follow from its shape), and its address; per None,
+    None and 0. None unless every array is a contiguous ``torch.Tensor`` or None (a
+    strided view takes the full path, which raises)."""
+    cdef Py_ssize_t i, n = PyTuple_GET_SIZE(arrays)
+    cdef tuple key = PyTuple_New(n)
+    cdef tuple addresses = PyTuple_New(n)
+    cdef object x, address, entry
+    for i in range(n):
+        x = <object>PyTuple_GET_ITEM(arrays, i)
+        if x is None:
+            entry = None
+            address = 0
+        else:
+            if type(x) is not _Tensor or not x.is_contiguous():
+                return None
+            address = x.data_ptr()
+            entry = (x.shape, x.dtype, x.device, address & 15)
+        Py_INCREF(entry)
+        PyTuple_SET_ITEM(key, i, entry)
+        Py_INCREF(address)
+        PyTuple_SET_ITEM(addresses, i, address)
+    return key, addresses
+
+
+cdef object _scalar_types(tuple values):
+    """Which of ``values`` are bools, as bits (``True`` is not ``1`` in a key), or None
+    unless every value is an exact int or a bool."""
+    cdef Py_ssize_t i
+    cdef object v
+    cdef unsigned long long bools = 0
+    for i in range(PyTuple_GET_SIZE(values)):
+        v = <object>PyTuple_GET_ITEM(values, i)
+        if v is True or v is False:
+            bools |= 1ULL << i
+        elif not PyLong_CheckExact(v):
+            return None
+    return bools
+
+
+cdef class Replay:
+    """What a later call of a recorded key repeats: its allocations and its launches.
+
+    Parameters
+    ----------
+    call : moe_numba._gpu.RecordedCall
+        The recorded call, after its op ran.
+    recorded : tuple
+        ``call.replay(result)``: the C sequence, its kernels' names, the outputs.
+    """
+
+    cdef object _driver, _sequence, _names, _staged
+    cdef tuple _outputs, _allocations, _kept
+    cdef int _index, _device_index, _size
+    cdef uintptr_t _get_device
+
+    def __init__(self, call, recorded):
+        from ..kernels import _launch, _staged  # (numba: loaded by the recorded call already)
+
+        driver = _launch._DRIVER
+        self._driver = driver
+        self._get_device = driver.get_device_address
+        self._sequence, self._names, outputs = recorded
+        self._size = self._sequence.size
+        self._outputs = tuple(outputs)
+        to_torch = call.library.to_torch
+        allocations = []
+        for j, (shape, dtype) in enumerate(call.allocations):
+            dtype = np.dtype(dtype)
+            if j in outputs or _raw_alloc is None:  # a tensor (of that dtype: no dtype argument)
+                allocations.append((call.like.new_empty((0,), dtype=to_torch[dtype]), shape))
+            else:  # scratch: an address
+                allocations.append((None, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize))
+        self._allocations = tuple(allocations)
+        self._device_index = call.like.device.index
+        self._index = call.launcher.device  # the current device the launches were made on
+        self._staged = _staged.ReplayStager(self._index) if call.stages else None
+        self._kept = tuple(call.kept)  # (the sequence's constant addresses point into these)
+
+    cdef object run(self, tuple addresses, object counts):
+        """The outputs of a call whose arrays are at ``addresses`` (0 for None), or None where
+        it finds another current device or an allocation not 16-byte aligned. A recording
+        that staged its capacities stages ``counts`` (checked ints)."""
+        global _runs
+        cdef int device = -1
+        if (<DeviceFn>self._get_device)(&device) != 0 or device != self._index:
+            return None
+        if self._kept and _capturing():  # (a graph would outlive the kept device copy)
+            return None
+        stream = _raw_stream(self._device_index)
+        cdef Py_ssize_t j, n = PyTuple_GET_SIZE(self._allocations)
+        cdef list tensors = [None] * n
+        cdef list scratch = []
+        cdef tuple words = PyTuple_New(n)
+        cdef uintptr_t bits = 0
+        cdef object word, like, size
+        try:
+            for j in range(n):
+                like, size = <tuple>PyTuple_GET_ITEM(self._allocations, j)
+                if like is None:
+                    word = _raw_alloc(size, stream) if size else 0
+                    if word:
+                        scratch.append(word)
+                else:
+                    x = like.new_empty(size)
+                    tensors[j] = x
+                    word = x.data_ptr()
+                bits |= <uintptr_t>word
+                Py_INCREF(word)
+                PyTuple_SET_ITEM(words, j, word)
+            if bits & 15:
+                return None
+            stager = self._staged
+            if stager is None:
+                failed = self._sequence.run(stream, addresses + words, 0, self._size)
+            else:
+                block, pool = stager.stage(counts)
+                failed = self._sequence.run(
+                    stream, addresses + words + (block.ptr,), 0, self._size
+                )
+                stager.release(block, pool, stream)
+        finally:  # (stream-ordered: reused only by later work on this stream)
+            for word in scratch:
+                _raw_delete(word)
+        if failed is not None:
+            step, err = failed
+            raise self._driver.error(err, self._names[step])
+        _runs += 1
+        cdef Py_ssize_t m = PyTuple_GET_SIZE(self._outputs)
+        cdef tuple result = PyTuple_New(m)
+        cdef object out
+        for j in range(m):
+            k = <object>PyTuple_GET_ITEM(self._outputs, j)
+            out = None if k < 0 else tensors[k]
+            Py_INCREF(out)
+            PyTuple_SET_ITEM(result, j, out)
+        return result
+
+
+cdef object _counts(object tokens_per_expert, long long experts, long long alignment):
+    """``(counts, rows)``: the capacities as a tuple and their padded row count, where they
+    are what the contract allows (a list or tuple of ``num_experts`` exact ints >= 0 that
+    need at most MAX_ROWS rows); else None (the full path checks them, and raises)."""
+    if type(tokens_per_expert) is not list and type(tokens_per_expert) is not tuple:
+        return None
+    counts = tuple(tokens_per_expert)
+    rows = padded_rows(counts, experts, alignment, MAX_ROWS)
+    return None if rows < 0 else (counts, rows)
+
+
+cdef class ReplayedOp:
+    """The replays of one op on torch CUDA tensors; called as ``replays(arrays, values,
+    tokens_per_expert)`` (the op's arrays and the values of its scalar arguments, both as
+    tuples), the outputs of a call that a replay repeats, else None.
+
+    Parameters
+    ----------
+    run : callable
+        ``run(backend, plan, arrays, call)``: the op's outputs for a checked call with
+        ``validate=False`` (``call``: a :class:`~moe_numba._gpu.RecordedCall`, or None).
+    names : tuple of str
+        The names of the op's scalar arguments, in the order of ``values`` (the op's
+        scalars dict): ``validate`` among them.
+    differentiable : tuple of int
+        The indices of the arrays that autograd records the op for.
+    counted : bool
+        Whether the op takes ``tokens_per_expert`` (ignored when the scalar
+        ``override_buffer_size`` is >= 0), and has keys of their row count (see
+        :mod:`moe_numba.torch._replay`).
+    """
+
+    cdef object _run
+    cdef tuple _differentiable
+    cdef bint _counted
+    cdef Py_ssize_t _validate, _override, _experts, _alignment
+    cdef object _replays, _seen  # BoundedCache: keys -> replays; keys met once
+    cdef dict _found  # the replays' entries (looked up here, put through the cache)
+
+    def __init__(self, run, names, differentiable=(), counted=False):
+        names = tuple(names)
+        self._run = run
+        self._differentiable = tuple(differentiable)
+        self._counted = counted
+        self._validate = names.index("validate")
+        if counted:
+            self._override = names.index("override_buffer_size")
+            self._experts = names.index("num_experts")
+            self._alignment = names.index("padding_alignment")
+        self._replays = BoundedCache(256)
+        self._seen = BoundedCache(256)
+        self._found = self._replays.entries
+
+    cdef object _key(self, tuple arrays, tuple values, object tokens_per_expert):
+        if values[self._validate] is not False:  # (traced calls never get here: _api)
+            return None
+        bools = _scalar_types(values)
+        if bools is None:
+            return None
+        counts = rows = None
+        if self._counted:
+            override = values[self._override]
+            if not (type(override) is int and override >= 0):
+                try:
+                    found = _counts(
+                        tokens_per_expert, values[self._experts], values[self._alignment]
+                    )
+                except OverflowError:  # (E or A past int64)
+                    return None
+                if found is None:
+                    return None
+                counts, rows = found
+        tensors = _tensors(arrays)
+        if tensors is None:
+            return None
+        if self._differentiable and _grad_enabled():
+            for i in self._differentiable:
+                x = arrays[i]
+                if x is not None and x.requires_grad:
+                    return None
+        key, addresses = tensors
+        return (
+            (key, values, bools, counts),
+            addresses,
+            None if rows is None else (key, values, bools, rows),
+        )
+
+    def key(self, tuple arrays, tuple values, tokens_per_expert=None):
+        """``(key, addresses, rows key)`` of a call that a replay may repeat, else None. The
+        rows key is the key with the capacities' row count in their place, or None for a
+        call without capacities."""
+        return self._key(arrays, values, tokens_per_expert)
+
+    def __call__(self, tuple arrays, tuple values, tokens_per_expert=None):
+        found = self._key(arrays, values, tokens_per_expert)
+        if found is None:
+            return None
+        key, addresses, rows_key = <tuple>found
+        replay = self._found.get(key)
+        if replay is not None:
+            return (<Replay>replay).run(addresses, None)
+        if rows_key is None:
+            return None
+        replay = self._found.get(rows_key)
+        if replay is None or _capturing():  # (a graph would read the staged block again)
+            return None
+        return (<Replay>replay).run(addresses, (<tuple>key)[3])
+
+    def run(self, backend, plan, arrays, scalars, tokens_per_expert=None):
+        """The outputs of a checked call with ``validate=False`` (``arrays``: the op's
+        NamedTuple, ``scalars``: its dict): recorded, and its replay kept, when its key, or
+        else its rows key, is met the second time (never while the stream is being
+        captured: its capacities are kept for the graph, not for eager calls)."""
+        found = self._key(tuple(arrays), tuple(scalars.values()), tokens_per_expert)
+        if found is None or _capturing():
+            return self._run(backend, plan, arrays, None)
+        key, _, rows_key = found
+        stages = False
+        if self._seen.get(key) is None:
+            self._seen.put(key, True)
+            key, stages = rows_key, True
+            if key is not None and self._seen.get(key) is None:
+                self._seen.put(key, True)
+                key = None
+        if key is None:
+            return self._run(backend, plan, arrays, None)
+        call = RecordedCall(arrays, stages=stages)
+        outputs = self._run(backend, plan, arrays, call)
+        recorded = call.replay(outputs)
+        if recorded is not None:
+            self._replays.put(key, Replay(call, recorded))
+        return outputs
