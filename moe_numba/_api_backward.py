@@ -31,9 +31,6 @@ def _run(op, calls, arrays, scalars, check_metadata, raise_for_status):
     The gradient ops are not torch custom ops themselves: the backward of ``moe_numba::
     permute`` / ``unpermute`` calls them from inside one.
     """
-    outputs = replayed(op, tuple(arrays), tuple(scalars.values()))
-    if outputs is not None:
-        return outputs
     validate = scalars["validate"]
     backend, plan = _prepare(calls, arrays, scalars, check_metadata)
     if not plan.computes:
@@ -121,16 +118,19 @@ def moe_permute_backward(
     array([[0.5 , 2.  ],
            [0.25, 0.  ]], dtype=float32)
     """
-    arrays = PermuteBackwardArrays(
+    given = (
         grad_hidden_states_unzipped,
         grad_token_prob_unzipped,
         zipped_expertwise_rowmap,
         expert_routemap_topk,
     )
+    outputs = replayed("permute_backward", given, (validate,))
+    if outputs is not None:
+        return outputs
     return _run(
         "permute_backward",
         _permute_backward_calls,
-        arrays,
+        PermuteBackwardArrays(*given),
         dict(zip(PERMUTE_BACKWARD_SCALARS, (validate,), strict=True)),
         check_permute_backward_metadata,
         raise_for_permute_backward_status,
@@ -221,7 +221,7 @@ def moe_unpermute_backward(
     >>> dprobs
     array([1021.,  143.], dtype=float32)
     """
-    arrays = UnpermuteBackwardArrays(
+    given = (
         grad_hidden_states,
         grad_expert_prob_topk,
         hidden_states_unzipped,
@@ -229,17 +229,15 @@ def moe_unpermute_backward(
         expert_routemap_topk,
         token_prob_unzipped,
     )
+    values = (using_weighted_combine, num_rows, validate)
+    outputs = replayed("unpermute_backward", given, values)
+    if outputs is not None:
+        return outputs
     return _run(
         "unpermute_backward",
         _unpermute_backward_calls,
-        arrays,
-        dict(
-            zip(
-                UNPERMUTE_BACKWARD_SCALARS,
-                (using_weighted_combine, num_rows, validate),
-                strict=True,
-            )
-        ),
+        UnpermuteBackwardArrays(*given),
+        dict(zip(UNPERMUTE_BACKWARD_SCALARS, values, strict=True)),
         check_unpermute_backward_metadata,
         raise_for_unpermute_backward_status,
     )

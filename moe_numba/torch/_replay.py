@@ -77,13 +77,12 @@ UNPERMUTE = _Op(_op("unpermute"), _api.UNPERMUTE_SCALARS, differentiable=(0, 3))
 PERMUTE_BACKWARD = _Op(_op("permute_backward"), _api_backward.PERMUTE_BACKWARD_SCALARS)
 UNPERMUTE_BACKWARD = _Op(_op("unpermute_backward"), _api_backward.UNPERMUTE_BACKWARD_SCALARS)
 
-if ReplayedOp is not None:
-    _api.register_replays(
-        dict(
-            permute=PERMUTE,
-            unpermute=UNPERMUTE,
-            permute_backward=PERMUTE_BACKWARD,
-            unpermute_backward=UNPERMUTE_BACKWARD,
-        ),
-        torch.compiler.is_compiling,
-    )
+_api.register_replays(
+    dict(
+        permute=PERMUTE,
+        unpermute=UNPERMUTE,
+        permute_backward=PERMUTE_BACKWARD,
+        unpermute_backward=UNPERMUTE_BACKWARD,
+    ),
+    torch.compiler.is_compiling,
+)
