@@ -12,8 +12,9 @@ A CUDA graph would keep reading a block after it went back to the pool, so a str
 being captured never gets one (:func:`capturing`): it gets a block of its own that is never
 written again or freed (:func:`kept_words`), since the graph may outlive any cache. Under the
 CUDA simulator the values are a NumPy array. A recorded call's block is a value of its
-replays, which stage their own (:class:`ReplayStager`, through the C helpers of
-:mod:`._driver_c`: each replay of a training step pays for it).
+replays, which stage their own (:func:`stage`, :func:`release`). Where the C launcher is
+built, the block's event is queried and recorded, and a tuple written, through the C
+helpers of :mod:`._driver_c` (each call of a training step pays for these).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections import deque
 
 import numpy as np
 
+from . import _launch
 from ._buffer import DeviceBuffer
 from ._intrinsics import SIM
 from ._replay import STAGED, Address, RecordingLauncher
@@ -97,49 +99,45 @@ def _take(pool, passed):
     return None
 
 
+def _c_driver():
+    """The driver launcher when its C helpers are built, else None (cuda-bindings then)."""
+    driver = _launch._DRIVER
+    return None if driver is None or driver.c is None else driver
+
+
 def _passed(block):
     """Whether ``block``'s event has passed (no launch in flight reads the block)."""
+    driver = _c_driver()
+    if driver is not None:
+        return driver.c.event_query(driver.event_query_address, block.event_handle) == 0
     return _driver.cuEventQuery(block.event)[0] == _driver.CUresult.CUDA_SUCCESS
 
 
-class ReplayStager:
-    """The staged capacities of the replays of one recording on ``device``: :meth:`stage`
-    writes a call's counts into a free block of its pool, :meth:`release` marks the block's
-    reuse after the call's launches (as :class:`StagedWords` does, with C helpers)."""
+def stage(device, values):
+    """``(block, pool)``: a block of ``device`` that no launch in flight reads, holding
+    ``values`` (int64: a tuple of ints, written from C where the helpers are built, or an
+    array), and the pool it goes back to (:func:`release`)."""
+    size, pool = _pool(device, len(values))
+    block = _take(pool, _passed) or HostBlock(size)
+    driver = _c_driver()
+    if driver is not None and type(values) is tuple:
+        driver.c.write_words(block.host, values)
+    else:
+        block.words[: len(values)] = values
+    return block, pool
 
-    __slots__ = ("_c", "_pools", "_query", "_record", "device")
 
-    def __init__(self, device):
-        from ._launch import _DRIVER  # (only replays, which need the C launcher, stage here)
-
-        self.device = device
-        self._c = _DRIVER.c
-        self._query = _DRIVER.event_query_address
-        self._record = _DRIVER.event_record_address
-        self._pools = {}  # counts -> (block size, pool)
-
-    def _passed(self, block):
-        return self._c.event_query(self._query, block.event_handle) == 0
-
-    def stage(self, counts):
-        """``(block, pool)``: a block that holds ``counts`` (a tuple of ints in the int64
-        range) and that no launch in flight reads, and the pool it goes back to."""
-        n = len(counts)
-        entry = self._pools.get(n)
-        if entry is None:
-            entry = self._pools[n] = _pool(self.device, n)
-        size, pool = entry
-        block = _take(pool, self._passed) or HostBlock(size)
-        self._c.write_words(block.host, counts)
-        return block, pool
-
-    def release(self, block, pool, stream):
-        """Mark the point on ``stream`` (a ``CUstream`` as an int) after the launches that
-        read ``block``, from which it may be written again, and give it back to ``pool``."""
-        err = self._c.event_record(self._record, block.event_handle, stream)
+def release(block, pool, stream):
+    """Mark the point on ``stream`` (a ``CUstream`` as an int) after the launches that read
+    ``block``, from which it may be written again, and give it back to ``pool``."""
+    driver = _c_driver()
+    if driver is None:
+        driver_call(_driver.cuEventRecord, block.event, stream)
+    else:
+        err = driver.c.event_record(driver.event_record_address, block.event_handle, stream)
         if err:  # (the block is dropped: a launch in flight may read it)
             raise RuntimeError(f"cuEventRecord failed: CUDA error {err}")
-        pool.append(block)
+    pool.append(block)
 
 
 class StagedWords:
@@ -165,16 +163,11 @@ class StagedWords:
             self._block = self._pool = self._stream = None
             self.arg = np.array(values, dtype=np.int64)
             return
-        n, pool = _pool(launch.device, len(values))
-        self._pool = pool
-        block = _take(pool, _passed)
-        self._block = block = block or HostBlock(n)
-        block.words[: len(values)] = values
+        self._block, self._pool = block, _ = stage(launch.device, values)
         self._stream = launch.handle
         self.arg = Address(block.ptr, STAGED) if type(launch) is RecordingLauncher else block.ptr
 
     def release(self):
         """Mark the point on the stream after which the block may be written again."""
         if not SIM:
-            driver_call(_driver.cuEventRecord, self._block.event, self._stream)
-            self._pool.append(self._block)
+            release(self._block, self._pool, self._stream)

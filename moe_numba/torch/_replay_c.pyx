@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .._cache import BoundedCache
-from .._contract import MAX_ROWS
+from .._contract import MAX_ROWS as _MAX_ROWS
 from .._gpu import RecordedCall
 from ..kernels._driver_c import padded_rows
 
@@ -115,7 +115,7 @@ cdef class Replay:
         self._allocations = tuple(allocations)
         self._device_index = call.like.device.index
         self._index = call.launcher.device  # the current device the launches were made on
-        self._staged = _staged.ReplayStager(self._index) if call.stages else None
+        self._staged = _staged if call.stages else None  # (its stage and release)
         self._kept = tuple(call.kept)  # (the sequence's constant addresses point into these)
 
     cdef object run(self, tuple addresses, object counts):
@@ -151,15 +151,14 @@ cdef class Replay:
                 PyTuple_SET_ITEM(words, j, word)
             if bits & 15:
                 return None
-            stager = self._staged
-            if stager is None:
+            if self._staged is None:
                 failed = self._sequence.run(stream, addresses + words, 0, self._size)
             else:
-                block, pool = stager.stage(counts)
+                block, pool = self._staged.stage(self._index, counts)
                 failed = self._sequence.run(
                     stream, addresses + words + (block.ptr,), 0, self._size
                 )
-                stager.release(block, pool, stream)
+                self._staged.release(block, pool, stream)
         finally:  # (stream-ordered: reused only by later work on this stream)
             for word in scratch:
                 _raw_delete(word)
@@ -185,7 +184,7 @@ cdef object _counts(object tokens_per_expert, long long experts, long long align
     if type(tokens_per_expert) is not list and type(tokens_per_expert) is not tuple:
         return None
     counts = tuple(tokens_per_expert)
-    rows = padded_rows(counts, experts, alignment, MAX_ROWS)
+    rows = padded_rows(counts, experts, alignment, _MAX_ROWS)
     return None if rows < 0 else (counts, rows)
 
 
