@@ -230,61 +230,8 @@ def moe_permute(
            [-1,  2, -1],
            [ 1,  3, -1]], dtype=int32)
     """
-    outputs = replayed(
-        "permute",
-        (hidden_states, scale, expert_routemap_topk, expert_prob_topk),
-        (
-            num_experts,
-            padding_alignment,
-            do_gather,
-            using_ue8m0_scale,
-            return_expert_indices,
-            override_buffer_size,
-            validate,
-        ),
-        tokens_per_expert,
-    )
-    if outputs is not None:
-        return outputs
-    return _moe_permute(
-        hidden_states,
-        scale,
-        expert_routemap_topk,
-        expert_prob_topk,
-        num_experts,
-        tokens_per_expert,
-        padding_alignment,
-        do_gather,
-        using_ue8m0_scale,
-        return_expert_indices,
-        override_buffer_size,
-        validate=validate,
-        torch_ops=True,
-    )
-
-
-def _moe_permute(
-    hidden_states,
-    scale,
-    expert_routemap_topk,
-    expert_prob_topk,
-    num_experts,
-    tokens_per_expert,
-    padding_alignment,
-    do_gather=True,
-    using_ue8m0_scale=False,
-    return_expert_indices=False,
-    override_buffer_size=-1,
-    *,
-    validate=True,
-    empty=None,
-    torch_ops=False,
-):
-    """:func:`moe_permute`; ``empty(shape, dtype)``, if given, allocates the CPU backend's
-    outputs; ``torch_ops`` sends calls with torch tensors to the torch custom ops (whose
-    implementations call this function without it)."""
-    arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
-    scalars = permute_scalars(
+    arrays = (hidden_states, scale, expert_routemap_topk, expert_prob_topk)
+    values = (
         num_experts,
         padding_alignment,
         do_gather,
@@ -293,12 +240,16 @@ def _moe_permute(
         override_buffer_size,
         validate,
     )
-    if torch_ops and _has_torch_tensor(arrays):
+    outputs = replayed("permute", arrays, values, tokens_per_expert)
+    if outputs is not None:
+        return outputs
+    arrays, scalars = PermuteArrays(*arrays), permute_scalars(*values)
+    if _has_torch_tensor(arrays):  # (the torch custom ops, whose implementations check)
         from .torch import _calls
 
         return _calls.moe_permute(arrays, scalars, tokens_per_expert)
     backend, plan = planned_permute(arrays, scalars, tokens_per_expert)
-    return run_permute(backend, plan, arrays, validate, empty)
+    return run_permute(backend, plan, arrays, validate)
 
 
 def permute_scalars(*values):
@@ -314,7 +265,8 @@ def planned_permute(arrays, scalars, tokens_per_expert):
 
 
 def run_permute(backend, plan, arrays, validate, empty=None):
-    """``moe_permute``'s outputs for a call that :func:`planned_permute` has checked."""
+    """``moe_permute``'s outputs for a call that :func:`planned_permute` has checked
+    (``empty(shape, dtype)``, if given, allocates the CPU backend's outputs)."""
     outputs, status = backend.permute(plan, arrays, validate, **_allocator(empty))
     if validate:
         raise_for_permute_status(status, plan)
@@ -396,59 +348,29 @@ def moe_unpermute(
     >>> slot_probs
     array([[0.75, 0.25]], dtype=float32)
     """
-    outputs = replayed(
-        "unpermute",
-        (
-            hidden_states_unzipped,
-            zipped_expertwise_rowmap,
-            expert_routemap_topk,
-            token_prob_unzipped,
-        ),
-        (total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate),
-    )
-    if outputs is not None:
-        return outputs
-    return _moe_unpermute(
+    arrays = (
         hidden_states_unzipped,
         zipped_expertwise_rowmap,
         expert_routemap_topk,
         token_prob_unzipped,
+    )
+    values = (
         total_zipped_tokens,
         num_experts,
         using_mix_precision,
         using_weighted_combine,
-        validate=validate,
-        torch_ops=True,
+        validate,
     )
-
-
-def _moe_unpermute(
-    hidden_states_unzipped,
-    zipped_expertwise_rowmap,
-    expert_routemap_topk,
-    token_prob_unzipped,
-    total_zipped_tokens,
-    num_experts,
-    using_mix_precision=True,
-    using_weighted_combine=False,
-    *,
-    validate=True,
-    empty=None,
-    torch_ops=False,
-):
-    """:func:`moe_unpermute` (``empty`` and ``torch_ops`` as in :func:`_moe_permute`)."""
-    arrays = UnpermuteArrays(
-        hidden_states_unzipped, zipped_expertwise_rowmap, expert_routemap_topk, token_prob_unzipped
-    )
-    scalars = unpermute_scalars(
-        total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate
-    )
-    if torch_ops and _has_torch_tensor(arrays):
+    outputs = replayed("unpermute", arrays, values)
+    if outputs is not None:
+        return outputs
+    arrays, scalars = UnpermuteArrays(*arrays), unpermute_scalars(*values)
+    if _has_torch_tensor(arrays):
         from .torch import _calls
 
         return _calls.moe_unpermute(arrays, scalars)
     backend, plan = planned_unpermute(arrays, scalars)
-    return run_unpermute(backend, plan, arrays, validate, empty)
+    return run_unpermute(backend, plan, arrays, validate)
 
 
 def unpermute_scalars(*values):
@@ -463,7 +385,8 @@ def planned_unpermute(arrays, scalars):
 
 
 def run_unpermute(backend, plan, arrays, validate, empty=None):
-    """``moe_unpermute``'s outputs for a call that :func:`planned_unpermute` has checked."""
+    """``moe_unpermute``'s outputs for a call that :func:`planned_unpermute` has checked
+    (``empty`` as for :func:`run_permute`)."""
     outputs, status = backend.unpermute(plan, arrays, validate, **_allocator(empty))
     if validate:
         raise_for_unpermute_status(status, plan)
