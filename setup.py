@@ -101,26 +101,12 @@ extensions = [
         ("_sort_chunks", ["_common.pxd", "_parallel.pxd"]),
     ]
 ]
-# the GPU launch path's C half (moe_numba.kernels._driver_c): no OpenMP, no libcuda at link
-# time (the driver's function comes from the ctypes handle at run time)
-extensions.append(
-    Extension(
-        "moe_numba.kernels._driver_c",
-        ["moe_numba/kernels/_driver_c.pyx"],
-        depends=["moe_numba/kernels/_driver_c.pyx"],
-        extra_compile_args=["-O2"],
-    )
-)
-
-# the torch replays' compiled half (moe_numba.torch._replay_c): Python objects only
-extensions.append(
-    Extension(
-        "moe_numba.torch._replay_c",
-        ["moe_numba/torch/_replay_c.pyx"],
-        depends=["moe_numba/torch/_replay_c.pyx"],
-        extra_compile_args=["-O2"],
-    )
-)
+# the GPU launch path's C half (moe_numba.kernels._driver_c) and the torch replays' compiled
+# half (moe_numba.torch._replay_c): no OpenMP, no libcuda at link time (the driver's
+# functions come from the ctypes handle at run time)
+for module in ("moe_numba.kernels._driver_c", "moe_numba.torch._replay_c"):
+    source = module.replace(".", "/") + ".pyx"
+    extensions.append(Extension(module, [source], depends=[source], extra_compile_args=["-O2"]))
 
 setup(
     options={"build": {"build_base": build_base}},
