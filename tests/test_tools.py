@@ -9,7 +9,9 @@ import pytest
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
 
-@pytest.mark.parametrize("name", ["after_sync", "host_time", "sanitize", "split_rows"])
+@pytest.mark.parametrize(
+    "name", ["after_sync", "host_time", "host_time_ab", "sanitize", "split_rows"]
+)
 def test_tool_imports(name, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.syspath_prepend(str(TOOLS))  # (as ``python tools/NAME.py`` has it)
