@@ -86,14 +86,14 @@ def _pool(device, n):
     return size, _POOLS.setdefault((device, size), deque())
 
 
-def _take(pool, passed):
-    """A block of ``pool`` that ``passed(block)`` finds free, or None. The block is popped
-    before it is tested, so two threads never take the same one."""
+def _take(pool):
+    """A block of ``pool`` whose event has passed, or None. The block is popped before it is
+    tested, so two threads never take the same one."""
     try:
         block = pool.popleft()
     except IndexError:
         return None
-    if passed(block):
+    if _passed(block):
         return block
     pool.appendleft(block)
     return None
@@ -118,7 +118,7 @@ def stage(device, values):
     ``values`` (int64: a tuple of ints, written from C where the helpers are built, or an
     array), and the pool it goes back to (:func:`release`)."""
     size, pool = _pool(device, len(values))
-    block = _take(pool, _passed) or HostBlock(size)
+    block = _take(pool) or HostBlock(size)
     driver = _c_driver()
     if driver is not None and type(values) is tuple:
         driver.c.write_words(block.host, values)
@@ -163,7 +163,8 @@ class StagedWords:
             self._block = self._pool = self._stream = None
             self.arg = np.array(values, dtype=np.int64)
             return
-        self._block, self._pool = block, _ = stage(launch.device, values)
+        block, self._pool = stage(launch.device, values)
+        self._block = block
         self._stream = launch.handle
         self.arg = Address(block.ptr, STAGED) if type(launch) is RecordingLauncher else block.ptr
 

@@ -40,9 +40,9 @@ import torch
 from .. import _api, _api_backward
 
 try:  # (built with the C launcher: without it nothing is recorded)
-    from ._replay_c import Replay, ReplayedOp, replays_run
+    from ._replay_c import ReplayedOp, replays_run
 except ImportError:
-    Replay = ReplayedOp = replays_run = None
+    ReplayedOp = replays_run = None
 
 
 class _Unrecorded:
