@@ -516,10 +516,11 @@ def test_unpermute_special_values(dtype):
     "dtype,H", [(ml_dtypes.bfloat16, 40), (np.float32, 7)], ids=["bf16", "f32"]
 )
 def test_unpermute_rows_split_into_parts(monkeypatch, dtype, H, lmax):
-    """Small calls split rows among blocks: 5 16-byte words in parts of 3 and 2, or 7 4-byte
-    words in parts of 3, 3 and 1; part 0 writes the slot probabilities. With a list of 4
-    rows, tokens with more walk their rowmap row, part by part too."""
-    monkeypatch.setattr(UP, "PART_WORDS", 2)
+    """Small calls split rows among blocks, parts of at most 3 words: 5 16-byte words in
+    parts of 3 and 2, or 7 4-byte words in parts of 3, 3 and 1; part 0 writes the slot
+    probabilities. With a list of 4 rows, tokens with more walk their rowmap row, part by part
+    too."""
+    monkeypatch.setattr(UP, "PART_WORDS", 3)
     monkeypatch.setattr(combine, "LMAX", lmax)
     rng = np.random.default_rng(50 + H)
     T, K, E, R = 7, 6, 8, 40
@@ -529,6 +530,26 @@ def test_unpermute_rows_split_into_parts(monkeypatch, dtype, H, lmax):
     for weighted in (False, True):
         run_unpermute(rows, rowmap, rm, probs, E, weighted, True)
     run_unpermute(rows, rowmap, rm, probs, E, True, False)
+
+
+def test_unpermute_tokens_with_groups_of_rows():
+    """A token's rows are loaded eight at a time: tokens of 1, 7, 8, 9, 16 and 17 rows (one
+    group, a group and a row, two groups and a row), weighted and not."""
+    rng = np.random.default_rng(45)
+    T, E, R, H = 6, 17, 90, 12
+    rowmap = np.full((T, E), -1, np.int32)
+    free = rng.permutation(R)
+    i = 0
+    for t, n in enumerate((1, 7, 8, 9, 16, 17)):
+        for e in np.sort(rng.choice(E, n, replace=False)):
+            rowmap[t, e] = free[i]
+            i += 1
+    rm = np.stack([rng.choice(np.flatnonzero(rowmap[t] >= 0), 1) for t in range(T)])
+    rows = rng.standard_normal((R, H)).astype(ml_dtypes.bfloat16)
+    probs = rng.random(R, dtype=np.float32)
+    for weighted in (False, True):
+        for mix in (False, True):
+            run_unpermute(rows, rowmap, rm.astype(np.int32), probs, E, weighted, mix)
 
 
 def test_unpermute_malformed_and_list_overflow(monkeypatch):

@@ -273,10 +273,11 @@ def test_a_bool_where_an_int_was_recorded_is_refused(replays):
 def test_a_strided_view_of_a_recorded_shape_takes_the_full_path(replays):
     """The key holds no strides: a view of the recorded shape, dtype and address bits that is
     not contiguous must miss it and raise the full path's error."""
-    case, t = _case(8)
+    case, t = _case(11)
     for _ in range(3):
         _permute(t, case)
-    assert replays["calls"] == 1
+    replayed = replays["calls"]
+    assert replayed >= 1  # (the key of this shape replays)
     routes = t["expert_routemap_topk"]
     wide = torch.empty((routes.shape[0], 2 * routes.shape[1]), dtype=routes.dtype, device="cuda")
     strided = wide[:, : routes.shape[1]]
@@ -285,7 +286,7 @@ def test_a_strided_view_of_a_recorded_shape_takes_the_full_path(replays):
     assert strided.data_ptr() % 16 == routes.data_ptr() % 16
     with pytest.raises(ValueError, match="expert_routemap_topk must be C-contiguous"):
         _permute({**t, "expert_routemap_topk": strided}, case)
-    assert replays["calls"] == 1
+    assert replays["calls"] == replayed
 
 
 def test_a_replay_runs_on_the_current_stream_and_in_a_cuda_graph(replays):

@@ -11,7 +11,7 @@ the loads; one part otherwise); each thread owns whole column words of the part:
         |-- out_probs[t, k] = probs[rowmap[t, routemap[t, k]]]  (0 when there is none;
         |                 the counted variants: 0 also for a slot repeating an earlier
         |                 slot's expert, or no out_probs at all)
-        '-- out[t, w]     for each word w: load it from four rows at a time (with their
+        '-- out[t, w]     for each word w: load it from eight rows at a time (with their
                           probabilities), fold each lane into a float32 accumulator in list
                           order, round to the data type once (mix_precision) or after every
                           step, NaN made canonical
@@ -276,6 +276,10 @@ def _make_combine(key):
     SLOTS = key.slots
 
     @device
+    def prob(probs, r):
+        return probs[r] if WEIGHTED else float32(0)
+
+    @device
     def step(acc, v, p):
         for i in range(NL):
             x = lane(v, i)
@@ -350,7 +354,9 @@ def _make_combine(key):
                 k += bd
         cuda.syncthreads()  # the list is complete
 
-        # 3) combine the rows, word by word
+        # 3) combine the rows, word by word, eight rows' loads in flight at a time: the
+        # loads of a group come before its folds (a group past the list's end loads its
+        # last row again, folded once)
         acc = cuda.local.array(NL, float32)
         ob = t * nw
         if n <= LMAX:
@@ -358,33 +364,48 @@ def _make_combine(key):
                 for i in range(NL):
                     acc[i] = float32(0)
                 j = 0
-                p0 = p1 = p2 = p3 = float32(0)
-                while j + 4 <= n:
-                    r0 = int64(lst_row[j])
-                    r1 = int64(lst_row[j + 1])
-                    r2 = int64(lst_row[j + 2])
-                    r3 = int64(lst_row[j + 3])
-                    v0 = ld(rows, r0 * nw + w)
-                    v1 = ld(rows, r1 * nw + w)
-                    v2 = ld(rows, r2 * nw + w)
-                    v3 = ld(rows, r3 * nw + w)
-                    if WEIGHTED:  # (loaded next to the rows: no extra round trip)
-                        p0 = probs[r0]
-                        p1 = probs[r1]
-                        p2 = probs[r2]
-                        p3 = probs[r3]
-                    step(acc, v0, p0)
-                    step(acc, v1, p1)
-                    step(acc, v2, p2)
-                    step(acc, v3, p3)
-                    j += 4
                 while j < n:
+                    m = n - j  # rows left (the group folds min(m, 8) of them)
                     r0 = int64(lst_row[j])
+                    r1 = int64(lst_row[j + min(1, m - 1)])
+                    r2 = int64(lst_row[j + min(2, m - 1)])
+                    r3 = int64(lst_row[j + min(3, m - 1)])
+                    r4 = int64(lst_row[j + min(4, m - 1)])
+                    r5 = int64(lst_row[j + min(5, m - 1)])
+                    r6 = int64(lst_row[j + min(6, m - 1)])
+                    r7 = int64(lst_row[j + min(7, m - 1)])
                     v0 = ld(rows, r0 * nw + w)
-                    if WEIGHTED:
-                        p0 = probs[r0]
+                    p0 = prob(probs, r0)
+                    v1 = ld(rows, r1 * nw + w)
+                    p1 = prob(probs, r1)
+                    v2 = ld(rows, r2 * nw + w)
+                    p2 = prob(probs, r2)
+                    v3 = ld(rows, r3 * nw + w)
+                    p3 = prob(probs, r3)
+                    v4 = ld(rows, r4 * nw + w)
+                    p4 = prob(probs, r4)
+                    v5 = ld(rows, r5 * nw + w)
+                    p5 = prob(probs, r5)
+                    v6 = ld(rows, r6 * nw + w)
+                    p6 = prob(probs, r6)
+                    v7 = ld(rows, r7 * nw + w)
+                    p7 = prob(probs, r7)
                     step(acc, v0, p0)
-                    j += 1
+                    if m > 1:
+                        step(acc, v1, p1)
+                    if m > 2:
+                        step(acc, v2, p2)
+                    if m > 3:
+                        step(acc, v3, p3)
+                    if m > 4:
+                        step(acc, v4, p4)
+                    if m > 5:
+                        step(acc, v5, p5)
+                    if m > 6:
+                        step(acc, v6, p6)
+                    if m > 7:
+                        step(acc, v7, p7)
+                    j += 8
                 st(out, ob + w, pack(acc))
         else:
             for w in range(w0 + tid, w1, bd):
@@ -393,7 +414,7 @@ def _make_combine(key):
                 for e in range(E):
                     r = int64(rowmap[t * E + e])
                     if r >= 0 and r < R:
-                        step(acc, ld(rows, r * nw + w), probs[r] if WEIGHTED else float32(0))
+                        step(acc, ld(rows, r * nw + w), prob(probs, r))
                 st(out, ob + w, pack(acc))
 
     return combine
