@@ -28,7 +28,7 @@ import numpy as np
 from .. import _abi
 from .._cache import BoundedCache
 from ._buffer import DeviceBuffer, carve
-from ._copy import WORD_DTYPE, word_width
+from ._copy import WORD_DTYPE, row_parts, word_width
 from ._family import NoKey, RoutingKey
 from ._launch import launcher_for, optional_arg
 from ._sequence import LaunchSequence, Step
@@ -48,8 +48,8 @@ FAMILIES = (INIT, CHECK, COMBINE)
 
 COMBINE_BD = 128  # most threads of a combine block
 MIN_BD = 32  # fewest threads of a combine block (a warp)
-TOKEN_BLOCKS = 1024  # fewer tokens than this split rows (too few loads in flight otherwise)
-PART_WORDS = 128  # most words in a part of a split row (a thread per word)
+TOKEN_BLOCKS = 1024  # combine blocks that keep the GPU's loads busy: fewer tokens split rows
+PART_WORDS = 128  # fewest words in a part of a split row
 CHECK_BD = 256  # threads of a check block
 CHECK_BLOCKS = 1024  # most check blocks (each thread then reads a few entries)
 
@@ -86,18 +86,15 @@ _LAUNCHES = BoundedCache(1024)  # token counts vary between calls
 
 def _row_parts(T, words):
     """(parts, words per part) of a combine's row of ``words`` words: one part when there are
-    TOKEN_BLOCKS tokens or more; else parts of at most PART_WORDS words, about equal (a block
-    per token of a small call has too few loads in flight)."""
-    if T >= TOKEN_BLOCKS or words <= PART_WORDS:
-        return 1, words
-    parts = -(-words // PART_WORDS)
-    per = -(-words // parts)
-    return -(-words // per), per
+    TOKEN_BLOCKS tokens or more; else enough parts for about that many blocks, each of at
+    least PART_WORDS words (a block per token of a small call has too few loads in flight;
+    more blocks than one wave of the GPU's would load in two rounds)."""
+    return row_parts(T, words, TOKEN_BLOCKS, PART_WORDS)
 
 
 def _combine_block(parts, words):
     """Threads of a combine block for parts of ``words`` words: a thread per word of a split
-    row (up to COMBINE_BD, in whole MIN_BD), else a power of two with two words or more per
+    row up to COMBINE_BD (in whole MIN_BD), else a power of two with two words or more per
     thread."""
     if parts > 1:
         return min(COMBINE_BD, -(-words // MIN_BD) * MIN_BD)
