@@ -38,7 +38,7 @@ if config.ENABLE_CUDASIM:
 @pytest.fixture(autouse=True)
 def small_geometry(monkeypatch):
     """Tiny blocks: a chunk is at most 32 tokens and 128 routing ids, a count block sees 4
-    experts, the scan of one chunk runs in one block (of more, in tiles), a gather warp has 4 lanes (4 destinations at a time) and holds 1 or 2 words per
+    experts, a gather warp has 4 lanes (4 destinations at a time) and holds 1 or 2 words per
     lane (rows go in several batches), padding goes in chunks of 3 rows to at least 2 workers
     (a worker takes several chunks when routing slots are empty), 5 blocks take every item,
     a token's list holds 256 rows (4 in one test), the unpermute's check runs 3 blocks of 16
@@ -46,8 +46,7 @@ def small_geometry(monkeypatch):
     for module, values in (
         (count, dict(CT=32, ETILE=4, COUNT_BITS=4, RMT=128)),
         (gather, dict(LANES=4, BATCH_WORDS=(1, 2), PAD_ROWS=3)),
-        (PM, dict(COUNT_BD=16, SCAN_BD=64, SCAN_CHUNKS=1, GATHER_BLOCKS=5, PAD_WORKERS=2)),
-        (PM, dict(NC_TARGET=2)),
+        (PM, dict(COUNT_BD=16, SCAN_BD=64, GATHER_BLOCKS=5, PAD_WORKERS=2, NC_TARGET=2)),
         (UP, dict(COMBINE_BD=16, MIN_BD=8, CHECK_BD=16, CHECK_BLOCKS=3)),
     ):
         for name, value in values.items():

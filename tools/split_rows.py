@@ -118,15 +118,6 @@ def main():
         ((64, 16), (256, 16), (1024, 16), *large),
         ("unpermute", "permute_bwd"),
     )
-    # 16: a scan of up to 16 count chunks (T <= 512 here) in one block; 0: always in tiles
-    sweep(
-        "one-block scan",
-        PM,
-        "SCAN_CHUNKS",
-        (16, 0),
-        ((64, 16), (256, 16), (256, 1), (512, 16), (1024, 16)),
-        ("permute",),
-    )
     # 2048: one block up to T = 256 (K = 8); 0: every call counts in chunks
     sweep(
         "one-block count",

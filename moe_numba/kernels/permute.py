@@ -4,8 +4,7 @@
 
     kernel       module        grid                          block            launched when
     count        .count        (chunks, expert tiles)        COUNT_BD         T > 0
-    scan         .scan         expert tiles (1 when they     SCAN_BD          always
-                               fit one block, chunks few)
+    scan         .scan         expert tiles (1 when T = 0)   SCAN_BD          always
     count_scan   .scan         1                             COUNT_BD         instead of both
                                                                               for small calls
     gather       .gather       (npw + T * parts) / WARPS     WARPS * LANES    there are items
@@ -51,7 +50,6 @@ FAMILIES = (COUNT, SCAN, COUNT_SCAN, GATHER)
 
 COUNT_BD = 256  # threads of a count (and count_scan) block
 SCAN_BD = 256  # threads of a scan block
-SCAN_CHUNKS = 16  # most count chunks of a one-block scan (a thread per expert adds them)
 GATHER_BLOCKS = 1 << 30  # most gather blocks (workers then take several items)
 PAD_WORKERS = 256  # fewest padding chunks in flight (when there are as many chunks of rows)
 NC_TARGET = 128  # count chunks to aim for
@@ -165,16 +163,13 @@ def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, in
         ex_dim = COUNT_BD  # a thread per expert
         steps = [Step(COUNT_SCAN.get(key), COUNT_SCAN, 1, COUNT_BD)]
     else:
-        # one block, a thread per expert, when the experts fit and their chunks are few (no
-        # ticket, no wait for the slowest tile); with no tokens too. Else a block per tile of
-        # ex_dim experts, a warp per expert (the last tile to finish does the offsets and
-        # the status).
-        one_scan = T == 0 or (E <= SCAN_BD and nc <= SCAN_CHUNKS)
-        ex_dim = SCAN_BD if one_scan else max(1, SCAN_BD // 32)
+        # a block per tile of ex_dim experts (the last one to finish does the offsets and
+        # the status); with no tokens, one block and no ticket counter
+        ex_dim = max(1, SCAN_BD // 32) if T > 0 else SCAN_BD
         steps = []
         if T > 0:
             steps.append(Step(COUNT.get(key), COUNT, (nc, -(-E // count.ETILE)), COUNT_BD))
-        steps.append(Step(SCAN.get(key), SCAN, 1 if one_scan else -(-E // ex_dim), SCAN_BD))
+        steps.append(Step(SCAN.get(key), SCAN, -(-E // ex_dim) if T > 0 else 1, SCAN_BD))
     counted = len(steps)
     parts, pw = _row_parts(T, hnw)
     pad_rows = max(1, gather.PAD_ROWS // parts)
