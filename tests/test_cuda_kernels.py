@@ -532,8 +532,9 @@ def test_unpermute_rows_split_into_parts(monkeypatch, dtype, H, lmax):
 
 
 def test_unpermute_tokens_with_groups_of_rows():
-    """A token's rows are loaded eight at a time: tokens of 1, 7, 8, 9, 16 and 17 rows (one
-    group, a group and a row, two groups and a row), weighted and not."""
+    """A token's rows are loaded eight at a time: tokens of 1, 7, 8, 9, 16 and 17 rows (part
+    of a group, one group, a group and a row, two groups, two groups and a row), weighted
+    and not, mix precision and not."""
     rng = np.random.default_rng(45)
     T, E, R, H = 6, 17, 90, 12
     rowmap = np.full((T, E), -1, np.int32)
