@@ -3,19 +3,24 @@ performance.rst, "Small calls on the GPU: rows split among warps and blocks").
 
 Run on a machine with a GPU and torch::
 
-    python tools/split_rows.py
+    python tools/split_rows.py [SWEEP ...]   # SWEEP: parts, combine, one-block, one-kernel
 
 bf16, H = 7168, K = 8, E = 64, ``validate=False``; µs per call of 50 back-to-back calls behind
 a held stream (CUDA events, the best of 5). Each setting's outputs are compared bit for bit
 with the first setting's ("DIFF" marks a mismatch). The settings are module constants of the
-kernels' host side, set here and restored after.
+kernels' host side, set here and restored after. The calls take the full path, not the
+replays of :mod:`moe_numba.torch._replay`: a replay recorded under one setting would go on
+launching that setting's kernels under the next.
 """
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 import moe_numba
+from moe_numba import _api
 from moe_numba._cache import BoundedCache
 from moe_numba.kernels import permute as PM
 from moe_numba.kernels import unpermute as UP
@@ -83,6 +88,8 @@ def sweep(label, module, name, settings, shapes, ops, plans=None):
     plans = plans or module
     print(f"{label}: {name} = " + ", ".join(map(str, settings)))
     saved = getattr(module, name)
+    replays = dict(_api.REPLAYS)
+    _api.REPLAYS.clear()
     try:
         for T, A in shapes:
             fns = calls(T, A)
@@ -98,36 +105,52 @@ def sweep(label, module, name, settings, shapes, ops, plans=None):
     finally:
         setattr(module, name, saved)
         plans._LAUNCHES = BoundedCache(1024)
+        _api.REPLAYS.update(replays)
 
 
-def main():
+def main(names):
     large = ((4096, 128), (16384, 128))
-    sweep(
-        "gather row parts",
-        PM,
-        "TOKEN_WARPS",
-        (1, 1024, 2048, 4096, 8192, 16384),
-        ((64, 16), (256, 16), (256, 1), (1024, 16), (2048, 128), *large, (16384, 1)),
-        ("permute",),
-    )
-    sweep(
-        "combine row parts",
-        UP,
-        "TOKEN_BLOCKS",
-        (1, 256, 512, 1024, 2048, 4096),
-        ((64, 16), (256, 16), (1024, 16), *large),
-        ("unpermute", "permute_bwd"),
-    )
-    # 2048: one block up to T = 256 (K = 8); 0: every call counts in chunks
-    sweep(
-        "one-block count",
-        PM,
-        "ONE_BLOCK_SLOTS",
-        (2048, 1024, 0),
-        ((64, 16), (128, 16), (256, 16), (256, 1)),
-        ("permute",),
-    )
+    small = ((64, 16), (128, 16), (256, 16), (256, 1))
+    sweeps = {
+        "parts": lambda: sweep(
+            "gather row parts",
+            PM,
+            "TOKEN_WARPS",
+            (1, 1024, 2048, 4096, 8192, 16384),
+            ((64, 16), (256, 16), (256, 1), (1024, 16), (2048, 128), *large, (16384, 1)),
+            ("permute",),
+        ),
+        "combine": lambda: sweep(
+            "combine row parts",
+            UP,
+            "TOKEN_BLOCKS",
+            (1, 256, 512, 1024, 2048, 4096),
+            ((64, 16), (256, 16), (1024, 16), *large),
+            ("unpermute", "permute_bwd"),
+        ),
+        # 2048: one block up to T = 256 (K = 8); 0: every call counts in chunks (count_gather
+        # off, which takes these calls otherwise)
+        "one-block": lambda: sweep(
+            "one-block count (count_gather off)",
+            PM,
+            "ONE_BLOCK_SLOTS",
+            (2048, 1024, 0),
+            small,
+            ("permute",),
+        ),
+        # 2048: count_gather up to T = 256 (K = 8); 0: count (+ scan) and gather
+        "one-kernel": lambda: sweep(
+            "one-kernel permute", PM, "ONE_KERNEL_SLOTS", (2048, 0), small, ("permute",)
+        ),
+    }
+    for name in names or sweeps:
+        if name == "one-block":
+            saved, PM.ONE_KERNEL_SLOTS = PM.ONE_KERNEL_SLOTS, 0
+            sweeps[name]()
+            PM.ONE_KERNEL_SLOTS = saved
+        else:
+            sweeps[name]()
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

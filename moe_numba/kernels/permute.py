@@ -8,10 +8,15 @@
     count_scan   .scan         1                             COUNT_BD         instead of both
                                                                               for small calls
     gather       .gather       (npw + T * parts) / WARPS     WARPS * LANES    there are items
+    count_gather .count_gather (npw + T * parts) / WARPS     WARPS * LANES    instead of all
+                                                                              for small calls
 
-``count_scan`` runs for ``validate=False`` calls of one chunk and one expert tile and at
-most ONE_BLOCK_SLOTS routing slots (one launch fewer); with ``validate=True`` the host waits
-for the scan, which chunked counting finishes sooner, and so it does for more slots.
+``count_gather`` (every block counts and scans the whole call, then gathers: one launch, no
+scratch) runs for ``validate=False`` calls of at most ONE_KERNEL_SLOTS routing slots that
+fit its shared memory (:func:`.count_gather.fits`). Otherwise ``count_scan`` runs for
+``validate=False`` calls of one chunk and one expert tile and at most ONE_BLOCK_SLOTS
+routing slots (one launch fewer); with ``validate=True`` the host waits for the scan, which
+chunked counting finishes sooner, and so it does for more slots.
 Nothing is synchronised: with ``validate=True`` the host waits for an event recorded after
 the scan (:mod:`._status`). Every kernel is launched as a programmatic dependent
 (:func:`._intrinsics.griddep_wait`): count waits first thing, for the caller's kernels, so
@@ -35,7 +40,7 @@ import numpy as np
 
 from .. import _abi
 from .._cache import BoundedCache
-from . import _copy, count, gather
+from . import _copy, count, count_gather, gather
 from ._buffer import DeviceBuffer, carve
 from ._family import RoutingKey
 from ._launch import launcher_for, optional_arg
@@ -43,10 +48,11 @@ from ._sequence import LaunchSequence, Step
 from ._staged import StagedWords
 from ._status import StatusWords, status_arg
 from .count import COUNT
+from .count_gather import COUNT_GATHER
 from .gather import GATHER, GatherKey
 from .scan import COUNT_SCAN, SCAN
 
-FAMILIES = (COUNT, SCAN, COUNT_SCAN, GATHER)
+FAMILIES = (COUNT, SCAN, COUNT_SCAN, GATHER, COUNT_GATHER)
 
 COUNT_BD = 256  # threads of a count (and count_scan) block
 SCAN_BD = 256  # threads of a scan block
@@ -54,12 +60,14 @@ GATHER_BLOCKS = 1 << 30  # most gather blocks (workers then take several items)
 PAD_WORKERS = 256  # fewest padding chunks in flight (when there are as many chunks of rows)
 NC_TARGET = 128  # count chunks to aim for
 ONE_BLOCK_SLOTS = 1024  # most routing slots of a count_scan call
+ONE_KERNEL_SLOTS = 2048  # most routing slots of a count_gather call
 TOKEN_WARPS = 4096  # token warps that keep the GPU's stores busy: fewer tokens split rows
 PART_BATCH = 4  # fewest hidden words per lane in a part of a split row
 
 _I64, _I32 = np.dtype(np.int64), np.dtype(np.int32)
 # the scratch arrays, in the order of one allocation (see the module docstring)
 _SCRATCH = ("done", "offsets", "lim", "padbase", "ctot", "part", "counts", "slot_rank")
+_NO_SCRATCH = (0,) * len(_SCRATCH)  # (count_gather reads none of them)
 _INDEX_DTYPES = {4: np.int32, 8: np.int64}
 # the parameters of the call's kernels that each call passes, in the order of its values
 _SLOTS = (
@@ -99,7 +107,8 @@ class _Launches(NamedTuple):
     """What a call's launches need beyond its addresses: built once per call key."""
 
     one_block: bool  # count_scan instead of count + scan
-    scratch: tuple  # (count, dtype) of each part of _SCRATCH
+    one_kernel: bool  # count_gather instead of all
+    scratch: tuple  # (count, dtype) of each part of _SCRATCH (none for count_gather)
     launches: LaunchSequence  # count and scan (or count_scan), then the gather if any
     counted: int  # the launches up to the scan (the status words are final after them)
 
@@ -150,16 +159,21 @@ def _batch_words(hw, hnw):
 
 def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, indices):
     """The call's geometry, scratch layout and kernels (see the module docstring)."""
+    one_kernel = not validate and T * K <= ONE_KERNEL_SLOTS and count_gather.fits(T, K, E)
     # one block is one launch fewer, but its threads take 4 slots each at this bound, and
     # past it the chunks' parallel count finishes sooner than the saved launch
     one_block = not validate and 0 < T <= count.CT and T * K <= ONE_BLOCK_SLOTS
-    one_block = one_block and E <= count.ETILE
+    one_block = one_block and E <= count.ETILE and not one_kernel
     ct = T if one_block else _chunk_tokens(T, K)
     nc = -(-T // ct)
     scratch = ((1, _I64), (E, _I64), (E, _I64), (E + 1, _I64), (E, _I64), (2 * max(nc, 1), _I64))
     scratch += ((max(nc * E, 1), _I32), (max(T * K, 1), _I32))
     key = RoutingKey(bits)
-    if one_block:
+    if one_kernel:  # (the count and the scan in count_gather's blocks, in shared memory)
+        steps = []
+        ex_dim = 0
+        scratch = ()
+    elif one_block:
         ex_dim = COUNT_BD  # a thread per expert
         steps = [Step(COUNT_SCAN.get(key), COUNT_SCAN, 1, COUNT_BD)]
     else:
@@ -175,10 +189,14 @@ def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, in
     pad_rows = max(1, gather.PAD_ROWS // parts)
     npw = _padding_workers(R, T * K, pad_rows, parts)
     items = npw + T * parts
-    if items > 0:
-        kernel = GATHER.get(GatherKey(hw, sw, _batch_words(hw, pw), bits))
+    gather_key = GatherKey(hw, sw, _batch_words(hw, pw), bits)
+    if one_kernel:  # (T > 0: there are items)
+        grid = -(-items // count_gather.WARPS)
+        block = count_gather.WARPS * gather.LANES
+        steps.append(Step(COUNT_GATHER.get(gather_key), COUNT_GATHER, grid, block))
+    elif items > 0:
         grid = min(-(-items // gather.WARPS), GATHER_BLOCKS)
-        steps.append(Step(kernel, GATHER, grid, gather.WARPS * gather.LANES))
+        steps.append(Step(GATHER.get(gather_key), GATHER, grid, gather.WARPS * gather.LANES))
     # the kernels' scalar arguments (all that the key decides): T, K, E, R, NC (count
     # chunks), ct (tokens per chunk), ex_dim (experts per scan block tile), npw (padding
     # workers), nparts, pw (parts of a row, hidden words of a part), pad_rows (rows of a
@@ -205,6 +223,7 @@ def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, in
     )
     return _Launches(
         one_block=one_block,
+        one_kernel=one_kernel,
         scratch=scratch,
         launches=LaunchSequence(steps, constants, _SLOTS),
         counted=counted,
@@ -277,7 +296,7 @@ def run(plan, buffers, validate, alloc, stream):
         optional_arg(b.out_indices if R else None, np.int32),
         # (without validate the scan writes no status words)
         status_arg(status),
-        *carve(alloc, go.scratch),
+        *(carve(alloc, go.scratch) if go.scratch else _NO_SCRATCH),
     )
     go.launches.run_checked(launch, values, status, go.counted)
     if staged is not None:

@@ -92,6 +92,7 @@ def chunk_bases(counts, ctot, NC, E, ex_dim, tmp, vals, tid, bd, nb):
 @device
 def expert_offsets(
     e0,
+    c,
     carry,
     pad_carry,
     mismatch,
@@ -99,7 +100,6 @@ def expert_offsets(
     offsets,
     lim,
     padbase,
-    ctot,
     E,
     A,
     R,
@@ -107,16 +107,15 @@ def expert_offsets(
     tmp,
     tid,
 ):
-    """Phase B for experts ``e0 + threadIdx.x`` (one block, ``blockDim.x`` experts a step):
-    capacities, padded sizes, offsets, filled rows, where each expert's padding rows start
-    in the sequence of all padding rows. Carries (rows so far, padding rows so far, the
-    first expert whose capacity is not its count or BIG) from step to step."""
+    """Phase B for experts ``e0 + threadIdx.x`` (one block, ``blockDim.x`` experts a step;
+    ``c``: the thread's expert's tokens, 0 past E): capacities, padded sizes, offsets,
+    filled rows, where each expert's padding rows start in the sequence of all padding rows.
+    Carries (rows so far, padding rows so far, the first expert whose capacity is not its
+    count or BIG) from step to step."""
     e = e0 + tid
     padded = int64(0)
-    c = int64(0)
     n = int64(0)
     if e < E:
-        c = load_cg(ctot, e)
         n = c
         if override == 0:
             n = capacity[e]
@@ -249,6 +248,7 @@ def scan(
     for e0 in range(0, E, bd):
         carry, pad_carry, mismatch = expert_offsets(
             e0,
+            load_cg(ctot, e0 + tid) if e0 + tid < E else int64(0),
             carry,
             pad_carry,
             mismatch,
@@ -256,7 +256,6 @@ def scan(
             offsets,
             lim,
             padbase,
-            ctot,
             E,
             A,
             R,

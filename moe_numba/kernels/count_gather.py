@@ -1,0 +1,216 @@
+"""moe_permute of a small call in one kernel: every block counts and scans, then gathers.
+
+A call with few routing slots spends most of its time in the chain count -> scan -> gather
+(each kernel waits for the whole of the one before). Here each block does the count and the
+scan of the whole call itself, in shared memory, and then the gather's work (its items, in
+the same grid stride as :mod:`.gather`)::
+
+    routemap [T, K]     a thread per token: which of its slots count (the count's rule)
+        |
+        v
+    bits [E, W]         bit (e, t) set when token t has a counting slot for expert e
+        |               (W = ceil(T / 32) words per expert)
+        |-- ctot[e]         popcount of row e: the expert's tokens
+        |-- offsets, lim, padbase      the scan's phase B (:func:`.scan.expert_offsets`)
+        '-- slot_rank[t, k] popcount of the bits below token t in row e: the slot's rank
+                            among expert e's tokens (-1: the slot does not count)
+        |
+        v
+    the gather's items (:func:`.gather.make_items`) with those shared arrays, one count
+    chunk of T tokens (its base ranks all 0)
+
+Nothing goes through global scratch and there is one launch, at the cost of every block
+reading the whole routing map (from L2 after the first) and redoing the count: worth it
+while the slots are few (:mod:`.permute` decides). No status words: calls with
+``validate=True`` take the chunked path.
+"""
+
+from __future__ import annotations
+
+from numba import cuda, int32, int64, uint32
+
+from . import gather
+from ._family import INT, KernelFamily, ptr
+from ._intrinsics import (
+    SYNCWARP_WARPS,
+    TMP_WORDS,
+    device,
+    griddep_trigger,
+    griddep_wait,
+)
+from ._primitives import BIG
+from .count import _COUNTS, _slot_state
+from .gather import LANES, _gather_params, _gather_variants
+from .scan import expert_offsets
+
+WARPS = min(8, SYNCWARP_WARPS)  # gather workers per block (the count's threads: 32 each)
+SLOTS = 2048  # most routing slots of a call (T * K)
+EXPERTS = 256  # most experts of a call
+BITS = 2048  # most words of the bitmap (E * ceil(T / 32))
+_BOUNDS = EXPERTS + 1  # padbase's words (a shared array's size must be a constant)
+
+# the gather's parameters that this kernel keeps in shared memory instead (and its chunk)
+_SHARED = ("slot_rank", "counts", "offsets", "lim", "padbase", "ct")
+
+
+def fits(T, K, E):
+    """Whether a call of ``T`` tokens, ``K`` slots each and ``E`` experts fits one block's
+    shared memory (SLOTS, EXPERTS, BITS)."""
+    return 0 < T * K <= SLOTS and E <= EXPERTS and E * ((T + 31) // 32) <= BITS
+
+
+def _count_gather_params(key):
+    """The gather's parameters less its scratch, with the scan's capacities and scalars."""
+    params = [(n, t) for n, t in _gather_params(key) if n not in _SHARED]
+    at = [n for n, _ in params].index("out_hidden")
+    params[at:at] = [("capacity", ptr(int64))]  # [E] tokens_per_expert (unused: override)
+    return params + [("A", INT), ("R", INT), ("override", INT)]
+
+
+@device
+def _count(routemap, bits, rank, T, K, E, W, tid, bd):
+    """A thread per token: the bitmap of counting (token, expert) pairs; ``rank[g]`` the
+    expert of counting slot g, else -1."""
+    for t in range(tid, T, bd):
+        for k in range(K):
+            e, state = _slot_state(routemap, t * K, k, k, E)
+            if state == _COUNTS:
+                cuda.atomic.or_(bits, e * W + (t >> 5), uint32(1) << uint32(t & 31))
+                rank[t * K + k] = e
+            else:
+                rank[t * K + k] = -1
+
+
+@device
+def _rank(bits, rank, T, K, W, tid, bd):
+    """``rank[g]``: a counting slot's expert -> the number of its expert's tokens before it."""
+    for g in range(tid, T * K, bd):
+        e = int64(rank[g])
+        if e >= 0:
+            t = g // K
+            base = e * W
+            wi = t >> 5
+            r = cuda.popc(bits[base + wi] & ((uint32(1) << uint32(t & 31)) - uint32(1)))
+            for w in range(wi):
+                r += cuda.popc(bits[base + w])
+            rank[g] = r
+
+
+def _make_count_gather(key):
+    """The count_gather kernel of ``key`` (a :class:`.gather.GatherKey`)."""
+    items = gather.make_items(key, WARPS)
+
+    def count_gather(
+        hidden,
+        scale,
+        routemap,
+        probs,
+        capacity,
+        out_hidden,
+        out_scale,
+        rowmap,
+        out_probs,
+        out_indices,
+        T,
+        K,
+        E,
+        npw,
+        hnw,
+        snw,
+        has_indices,
+        nparts,
+        pw,
+        pad_rows,
+        A,
+        R,
+        override,
+    ):
+        bits = cuda.shared.array(BITS, uint32)
+        rank = cuda.shared.array(SLOTS, int32)  # slot_rank
+        zeros = cuda.shared.array(EXPERTS, int32)  # the one chunk's base ranks
+        ctot = cuda.shared.array(EXPERTS, int64)
+        offsets = cuda.shared.array(EXPERTS, int64)
+        lim = cuda.shared.array(EXPERTS, int64)
+        padbase = cuda.shared.array(_BOUNDS, int64)
+        tmp = cuda.shared.array(TMP_WORDS, int64)
+        dest = cuda.shared.array((WARPS, LANES), int64)  # (at least the gather's lanes)
+        box = cuda.shared.array(WARPS, int64)
+        tid = int64(cuda.threadIdx.x)
+        bd = int64(cuda.blockDim.x)
+        W = (T + 31) >> 5
+        griddep_wait()  # (the caller's kernels)
+        griddep_trigger()  # (the caller's next kernel waits for this one)
+        for i in range(tid, E * W, bd):
+            bits[i] = 0
+        for e in range(tid, E, bd):
+            zeros[e] = 0
+        cuda.syncthreads()
+        _count(routemap, bits, rank, T, K, E, W, tid, bd)
+        cuda.syncthreads()
+        for e in range(tid, E, bd):
+            c = 0
+            for w in range(W):
+                c += cuda.popc(bits[e * W + w])
+            ctot[e] = c
+        cuda.syncthreads()
+        carry = int64(0)
+        pad_carry = int64(0)
+        mismatch = BIG  # (no status words: the first mismatch is not needed)
+        for e0 in range(0, E, bd):
+            carry, pad_carry, mismatch = expert_offsets(
+                e0,
+                ctot[e0 + tid] if e0 + tid < E else int64(0),
+                carry,
+                pad_carry,
+                mismatch,
+                capacity,
+                offsets,
+                lim,
+                padbase,
+                E,
+                A,
+                R,
+                override,
+                tmp,
+                tid,
+            )
+        if tid == 0:
+            padbase[E] = pad_carry
+        _rank(bits, rank, T, K, W, tid, bd)
+        cuda.syncthreads()
+        items(
+            hidden,
+            scale,
+            routemap,
+            probs,
+            rank,
+            zeros,
+            offsets,
+            lim,
+            padbase,
+            out_hidden,
+            out_scale,
+            rowmap,
+            out_probs,
+            out_indices,
+            T,
+            K,
+            E,
+            npw,
+            hnw,
+            snw,
+            has_indices,
+            T,  # (one count chunk)
+            nparts,
+            pw,
+            pad_rows,
+            dest,
+            box,
+        )
+
+    return count_gather
+
+
+COUNT_GATHER = KernelFamily(
+    "count_gather", _count_gather_params, _make_count_gather, _gather_variants
+)
