@@ -5,7 +5,8 @@ A call with few routing slots spends most of its time in the chain count -> scan
 scan of the whole call itself, in shared memory, and then the gather's work (its items, in
 the same grid stride as :mod:`.gather`)::
 
-    routemap [T, K]     a thread per token: which of its slots count (the count's rule)
+    routemap [T, K]     staged in shared memory; a thread per token: which of its slots
+        |               count (the count's rule)
         |
         v
     bits [E, W]         bit (e, t) set when token t has a counting slot for expert e
@@ -31,13 +32,7 @@ from numba import cuda, int32, int64, uint32
 
 from . import gather
 from ._family import INT, KernelFamily, ptr
-from ._intrinsics import (
-    SYNCWARP_WARPS,
-    TMP_WORDS,
-    device,
-    griddep_trigger,
-    griddep_wait,
-)
+from ._intrinsics import SYNCWARP_WARPS, TMP_WORDS, device, griddep_wait
 from ._primitives import BIG
 from .count import _COUNTS, _slot_state
 from .gather import LANES, _gather_params, _gather_variants
@@ -68,15 +63,30 @@ def _count_gather_params(key):
 
 
 @device
-def _count(routemap, bits, rank, T, K, E, W, tid, bd):
-    """A thread per token: the bitmap of counting (token, expert) pairs; ``rank[g]`` the
-    expert of counting slot g, else -1."""
+def _stage(routemap, ids, n, E, tid, bd):
+    """``ids[:n]``: the routing ids, those outside [-1, E) as -2 (four loads in flight)."""
+    for s in range(tid, n, 4 * bd):
+        a = cuda.local.array(4, int64)
+        for u in range(4):
+            i = s + u * bd
+            a[u] = int64(routemap[i]) if i < n else int64(-1)
+        for u in range(4):
+            i = s + u * bd
+            if i < n:
+                ids[i] = a[u] if a[u] >= -1 and a[u] < E else -2
+
+
+@device
+def _count(bits, rank, T, K, E, W, tid, bd):
+    """A thread per token: the bitmap of counting (token, expert) pairs; ``rank[g]``, the
+    slot's staged id, becomes the expert of a counting slot, else -1. (A slot's id is
+    compared with the ones before it after those became -1 where they do not count: a
+    repeated id still finds its first slot, which kept it; a bad one is bad itself.)"""
     for t in range(tid, T, bd):
         for k in range(K):
-            e, state = _slot_state(routemap, t * K, k, k, E)
+            e, state = _slot_state(rank, t * K, k, k, E)
             if state == _COUNTS:
                 cuda.atomic.or_(bits, e * W + (t >> 5), uint32(1) << uint32(t & 31))
-                rank[t * K + k] = e
             else:
                 rank[t * K + k] = -1
 
@@ -138,14 +148,16 @@ def _make_count_gather(key):
         tid = int64(cuda.threadIdx.x)
         bd = int64(cuda.blockDim.x)
         W = (T + 31) >> 5
-        griddep_wait()  # (the caller's kernels)
-        griddep_trigger()  # (the caller's next kernel waits for this one)
+        # (the caller's kernels; no early trigger: the next call's blocks would sit on the
+        # SMs waiting for this one's)
+        griddep_wait()
         for i in range(tid, E * W, bd):
             bits[i] = 0
         for e in range(tid, E, bd):
             zeros[e] = 0
+        _stage(routemap, rank, T * K, E, tid, bd)
         cuda.syncthreads()
-        _count(routemap, bits, rank, T, K, E, W, tid, bd)
+        _count(bits, rank, T, K, E, W, tid, bd)
         cuda.syncthreads()
         for e in range(tid, E, bd):
             c = 0

@@ -61,6 +61,7 @@ PAD_WORKERS = 256  # fewest padding chunks in flight (when there are as many chu
 NC_TARGET = 128  # count chunks to aim for
 ONE_BLOCK_SLOTS = 1024  # most routing slots of a count_scan call
 ONE_KERNEL_SLOTS = 2048  # most routing slots of a count_gather call
+ONE_KERNEL_PAD_WORKERS = 1  # fewest padding chunks in flight in count_gather
 TOKEN_WARPS = 4096  # token warps that keep the GPU's stores busy: fewer tokens split rows
 PART_BATCH = 4  # fewest hidden words per lane in a part of a split row
 
@@ -125,13 +126,13 @@ def _row_parts(T, hnw):
     return _copy.row_parts(T, hnw, TOKEN_WARPS, PART_BATCH * gather.LANES, gather.LANES)
 
 
-def _padding_workers(R, slots, pad_rows, parts):
+def _padding_workers(R, slots, pad_rows, parts, least):
     """Warps that zero the padding rows: ``parts`` per chunk of ``pad_rows`` rows, for the
     padding there would be if every routing slot counted (``R - slots`` rows), and for at
-    least PAD_WORKERS chunks (there is more padding when slots are empty), but no more than
-    R's chunks."""
+    least ``least`` (>= 1) chunks (there is more padding when slots are empty), but no more
+    than R's chunks."""
     chunks = -(-R // pad_rows)
-    return parts * min(chunks, max(PAD_WORKERS, -(-max(R - slots, 0) // pad_rows)))
+    return parts * min(chunks, max(least, -(-max(R - slots, 0) // pad_rows)))
 
 
 def _chunk_tokens(T, K):
@@ -187,7 +188,10 @@ def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, in
     counted = len(steps)
     parts, pw = _row_parts(T, hnw)
     pad_rows = max(1, gather.PAD_ROWS // parts)
-    npw = _padding_workers(R, T * K, pad_rows, parts)
+    # (count_gather's blocks each count the call first: no more of them than the padding
+    # needs)
+    least = ONE_KERNEL_PAD_WORKERS if one_kernel else PAD_WORKERS
+    npw = _padding_workers(R, T * K, pad_rows, parts, least)
     items = npw + T * parts
     gather_key = GatherKey(hw, sw, _batch_words(hw, pw), bits)
     if one_kernel:  # (T > 0: there are items)
