@@ -110,6 +110,9 @@ def counts_of(rm, E):
     return c
 
 
+ONE_KERNEL_ON = 2048  # count_gather up to T = 256, K = 8 (the library leaves it off for now)
+
+
 @contextlib.contextmanager
 def _one_kernel_slots(slots):
     """PM.ONE_KERNEL_SLOTS set to ``slots`` (None: left as it is), with a cache of launch
@@ -151,7 +154,7 @@ def run_permute(hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=Tru
     assert plan.num_rows == expected[2].shape[0]
     arrays = PermuteArrays(device(hidden), device(scale), device(rm), device(probs))
     # validate=False twice: count_gather where the call fits it, then the kernels it replaces
-    for validate, one_kernel_slots in ((True, None), (False, None), (False, 0)):
+    for validate, one_kernel_slots in ((True, None), (False, ONE_KERNEL_ON), (False, 0)):
         empty = Poisoned()
         with _one_kernel_slots(one_kernel_slots):
             one_kernel = not validate and T * K <= PM.ONE_KERNEL_SLOTS
@@ -368,10 +371,11 @@ def test_permute_one_block_only_for_few_slots(monkeypatch):
     run_permute(hidden, None, rm, probs, 4, counts_of(rm, 4), 2)
 
 
-def test_permute_one_kernel_for_calls_that_fit():
+def test_permute_one_kernel_for_calls_that_fit(monkeypatch):
     """count_gather takes validate=False calls of at most ONE_KERNEL_SLOTS slots whose
     bitmap, slots and experts fit its shared memory; the others take count (+ scan)."""
     CG = PM.count_gather
+    monkeypatch.setattr(PM, "ONE_KERNEL_SLOTS", ONE_KERNEL_ON)
 
     def plan(T, K, E, validate=False):
         return PM._plan_launches(T, K, E, T * K, 4, 2, 4, 0, 32, validate, 1, False, False)

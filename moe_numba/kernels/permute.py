@@ -12,8 +12,8 @@
                                                                               for small calls
 
 ``count_gather`` (every block counts and scans the whole call, then gathers: one launch, no
-scratch) runs for ``validate=False`` calls of at most ONE_KERNEL_SLOTS routing slots that
-fit its shared memory (:func:`.count_gather.fits`). Otherwise ``count_scan`` runs for
+scratch) runs for ``validate=False`` calls of at most ONE_KERNEL_SLOTS routing slots (0 for
+now: off) that fit its shared memory (:func:`.count_gather.fits`). Otherwise ``count_scan`` runs for
 ``validate=False`` calls of one chunk and one expert tile and at most ONE_BLOCK_SLOTS
 routing slots (one launch fewer); with ``validate=True`` the host waits for the scan, which
 chunked counting finishes sooner, and so it does for more slots.
@@ -60,7 +60,9 @@ GATHER_BLOCKS = 1 << 30  # most gather blocks (workers then take several items)
 PAD_WORKERS = 256  # fewest padding chunks in flight (when there are as many chunks of rows)
 NC_TARGET = 128  # count chunks to aim for
 ONE_BLOCK_SLOTS = 1024  # most routing slots of a count_scan call
-ONE_KERNEL_SLOTS = 2048  # most routing slots of a count_gather call
+# most routing slots of a count_gather call; 0 (off) until the kernel beats the chain on a GPU
+# (docs/performance.rst, "One kernel for small permutes"); 2048 takes it up to T = 256, K = 8
+ONE_KERNEL_SLOTS = 0
 ONE_KERNEL_PAD_WORKERS = 1  # fewest padding chunks in flight in count_gather
 TOKEN_WARPS = 4096  # token warps that keep the GPU's stores busy: fewer tokens split rows
 PART_BATCH = 4  # fewest hidden words per lane in a part of a split row
@@ -110,7 +112,8 @@ class _Launches(NamedTuple):
     one_block: bool  # count_scan instead of count + scan
     one_kernel: bool  # count_gather instead of all
     scratch: tuple  # (count, dtype) of each part of _SCRATCH (none for count_gather)
-    launches: LaunchSequence  # count and scan (or count_scan), then the gather if any
+    launches: LaunchSequence  # count and scan (or count_scan), then the gather if any; or
+    # count_gather alone
     counted: int  # the launches up to the scan (the status words are final after them)
 
 
