@@ -13,10 +13,10 @@
 
 ``count_gather`` (every block counts and scans the whole call, then gathers: one launch, no
 scratch) runs for ``validate=False`` calls of at most ONE_KERNEL_SLOTS routing slots (0 for
-now: off) that fit its shared memory (:func:`.count_gather.fits`). Otherwise ``count_scan`` runs for
-``validate=False`` calls of one chunk and one expert tile and at most ONE_BLOCK_SLOTS
-routing slots (one launch fewer); with ``validate=True`` the host waits for the scan, which
-chunked counting finishes sooner, and so it does for more slots.
+now: off) that fit its shared memory (:func:`.count_gather.fits`). Otherwise
+``count_scan`` runs for ``validate=False`` calls of one chunk and one expert tile and at most
+ONE_BLOCK_SLOTS routing slots (one launch fewer); with ``validate=True`` the host waits for
+the scan, which chunked counting finishes sooner, and so it does for more slots.
 Nothing is synchronised: with ``validate=True`` the host waits for an event recorded after
 the scan (:mod:`._status`). Every kernel is launched as a programmatic dependent
 (:func:`._intrinsics.griddep_wait`): count waits first thing, for the caller's kernels, so
