@@ -143,13 +143,17 @@ def main(names):
             "one-kernel permute", PM, "ONE_KERNEL_SLOTS", (2048, 0), small, ("permute",)
         ),
     }
+    unknown = [name for name in names if name not in sweeps]
+    if unknown:
+        raise SystemExit(f"split_rows.py: unknown sweep {unknown}; choose from {list(sweeps)}")
     for name in names or sweeps:
+        saved = PM.ONE_KERNEL_SLOTS
         if name == "one-block":
-            saved, PM.ONE_KERNEL_SLOTS = PM.ONE_KERNEL_SLOTS, 0
+            PM.ONE_KERNEL_SLOTS = 0
+        try:
             sweeps[name]()
+        finally:
             PM.ONE_KERNEL_SLOTS = saved
-        else:
-            sweeps[name]()
 
 
 if __name__ == "__main__":
