@@ -71,6 +71,13 @@ def replayed(op, arrays, values, tokens_per_expert=None):
     return replays(arrays, values, tokens_per_expert)
 
 
+def forget_replays():
+    """Forget every op's replays and keys met (tools that change the kernels' module
+    settings between calls: a replay keeps the launches it recorded)."""
+    for replays in REPLAYS.values():
+        replays.clear()
+
+
 def tracing():
     """Whether ``torch.compile`` is tracing the call (False before torch tensors arrive)."""
     return bool(_TRACING) and _TRACING[0]()

@@ -346,3 +346,19 @@ def test_a_graph_keeps_its_capacities_after_the_caches_dropped_them(replays):
         torch.cuda.synchronize()
         del litter
         _assert_outputs(captured, _expected_permute(case))
+
+
+def test_cleared_replays_record_anew(replays):
+    """After ``clear()`` a key is new again: a full call, a recorded one, then replays (what
+    ``tools/split_rows.py`` relies on when it changes the kernels' settings)."""
+    from moe_numba.torch import _replay
+
+    case, t = _case(5)
+    expected = _expected_permute(case)
+    for _ in range(3):
+        _permute(t, case)
+    assert replays["calls"] == 1
+    _replay.PERMUTE.clear()
+    for n in (1, 1, 2):  # full path, recorded, replayed
+        _assert_outputs(_permute(t, case), expected)
+        assert replays["calls"] == n

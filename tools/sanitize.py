@@ -8,7 +8,8 @@ Each case calls the public API with torch CUDA tensors and compares the result w
 NumPy oracle; the sanitizer watches every kernel for out-of-bounds or uninitialised accesses.
 The inputs are small (the sanitizer slows kernels down a hundredfold) but cover odd widths,
 float8 with scales, many experts and slots, empty calls, too small and too large buffers and
-malformed routing.
+malformed routing. The permutes run twice: with the default setting of the one-kernel
+permute (:mod:`moe_numba.kernels.count_gather`) and with it switched the other way.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ import numpy as np
 import torch
 
 import moe_numba
-from moe_numba import _oracle
+from moe_numba import _api, _oracle
+from moe_numba._cache import BoundedCache
 from moe_numba._transfer import to_device, to_host
+from moe_numba.kernels import count_gather
+from moe_numba.kernels import permute as PM
 
 
 def _routes(rng, T, K, E, bad=False):
@@ -124,8 +128,7 @@ def unpermute_backward_case(rng, T, H, K, E, R, dtype, weighted, *, bad=False, d
     _same(want, got)
 
 
-def main():
-    rng = np.random.default_rng(7)
+def permute_cases(rng):
     bf16, e4m3 = ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn
     permute_case(rng, 37, 7, 3, 5, 4, bf16)  # odd H
     permute_case(rng, 64, 256, 8, 16, 16, e4m3)  # float8 + scales
@@ -135,6 +138,26 @@ def main():
     permute_case(rng, 90, 33, 4, 8, 8, bf16, override=40)  # too small a buffer
     permute_case(rng, 90, 33, 4, 8, 8, bf16, override=2000)  # far more rows than needed
     permute_case(rng, 70, 40, 6, 9, 3, bf16, bad=True)  # malformed routing
+
+
+def one_kernel(slots):
+    """Set the permute's ``ONE_KERNEL_SLOTS`` (count_gather for the calls that fit it, when
+    non-zero) with no launch plans or replays of another setting left."""
+    PM.ONE_KERNEL_SLOTS = slots
+    PM._LAUNCHES = BoundedCache(1024)
+    _api.forget_replays()
+
+
+def main():
+    saved = PM.ONE_KERNEL_SLOTS
+    try:  # the permutes with the default setting, then with count_gather on (or off)
+        for slots in (saved, count_gather.SLOTS if saved == 0 else 0):
+            one_kernel(slots)
+            permute_cases(np.random.default_rng(7))
+    finally:
+        one_kernel(saved)
+    rng = np.random.default_rng(8)
+    bf16 = ml_dtypes.bfloat16
     for dtype in (bf16, np.float16, np.float32):
         for weighted in (False, True):
             for mix in (False, True):

@@ -6,11 +6,14 @@ Run on a machine with a GPU and torch::
     python tools/split_rows.py [SWEEP ...]   # SWEEP: parts, combine, one-block, one-kernel
 
 bf16, H = 7168, K = 8, E = 64, ``validate=False``; µs per call of 50 back-to-back calls behind
-a held stream (CUDA events, the best of 5). Each setting's outputs are compared bit for bit
-with the first setting's ("DIFF" marks a mismatch). The settings are module constants of the
-kernels' host side, set here and restored after. The calls take the full path, not the
-replays of :mod:`moe_numba.torch._replay`: a replay recorded under one setting would go on
-launching that setting's kernels under the next.
+a held stream (CUDA events, the median of 5 batches: ``python -m moe_numba bench``'s timer).
+Each setting's outputs are compared bit for bit with the first setting's ("DIFF" marks a
+mismatch). The settings are module constants of the kernels' host side, set here and
+restored after. Each setting starts with no launch plans
+and no replays (:mod:`moe_numba.torch._replay`; a replay keeps the launches it recorded, so
+it would go on launching the previous setting's kernels), and its calls then replay as a
+user's would. "HOST" marks a figure for which the hold let the stream go before the host had
+enqueued a batch: it then holds host time.
 """
 
 from __future__ import annotations
@@ -30,21 +33,23 @@ H, K, E = 7168, 8, 64
 
 
 def gpu_us(fn, n=50, rounds=5):
-    """µs of GPU time per call of ``fn`` (see the module docstring)."""
+    """``(µs, held)``: the GPU time per call of ``fn``, the median of ``rounds`` batches of
+    ``n`` calls enqueued behind a held stream (the bench's timer,
+    :class:`moe_numba.bench._timers.CudaTimer`), and whether every batch was enqueued
+    before the hold gave up (else the figure holds host time)."""
+    from moe_numba.bench._timers import CudaTimer
+
+    timer = CudaTimer(rounds, batch=n)
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(2e9 * n * 200e-6))
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / n)
-    return best
+    us = timer.gpu_us(fn)
+    return us, timer.hold_timeouts == 0
+
+
+def gpu_figure(fn):
+    """:func:`gpu_us` as printed: the µs, marked "HOST" where a hold gave up."""
+    us, held = gpu_us(fn)
+    return f"{us:7.1f}{'' if held else ' HOST'}"
 
 
 def _bits(t):
@@ -88,8 +93,6 @@ def sweep(label, module, name, settings, shapes, ops, plans=None):
     plans = plans or module
     print(f"{label}: {name} = " + ", ".join(map(str, settings)))
     saved = getattr(module, name)
-    replays = dict(_api.REPLAYS)
-    _api.REPLAYS.clear()
     try:
         for T, A in shapes:
             fns = calls(T, A)
@@ -97,15 +100,20 @@ def sweep(label, module, name, settings, shapes, ops, plans=None):
                 ref, row = None, []
                 for value in settings:
                     setattr(module, name, value)
-                    plans._LAUNCHES = BoundedCache(1024)  # (plans depend on the setting)
+                    _forget(plans)
                     out = fns[op]()
                     ref = out if ref is None else ref
-                    row.append(f"{gpu_us(fns[op]):7.1f}{'' if same(out, ref) else ' DIFF'}")
+                    row.append(gpu_figure(fns[op]) + ("" if same(out, ref) else " DIFF"))
                 print(f"  T={T:5d} A={A:3d} {op:12s} " + " ".join(row), flush=True)
     finally:
         setattr(module, name, saved)
-        plans._LAUNCHES = BoundedCache(1024)
-        _api.REPLAYS.update(replays)
+        _forget(plans)
+
+
+def _forget(plans):
+    """Drop the launch plans of ``plans`` and every replay: both depend on the setting."""
+    plans._LAUNCHES = BoundedCache(1024)
+    _api.forget_replays()
 
 
 def main(names):

@@ -55,6 +55,9 @@ class _Unrecorded:
     def __call__(self, arrays, values, tokens_per_expert=None):
         return None
 
+    def clear(self):
+        """Nothing is recorded, so nothing to forget."""
+
     def run(self, backend, plan, arrays, scalars, tokens_per_expert=None):
         return self._run(backend, plan, arrays, None)
 

@@ -264,6 +264,13 @@ cdef class ReplayedOp:
             None if rows is None else (key, values, bools, rows),
         )
 
+    def clear(self):
+        """Forget every replay and every key met: the next calls take the full path and
+        record anew (a tool that changes the kernels' module settings between calls needs
+        this, since a replay keeps the launches it recorded)."""
+        self._replays.clear()
+        self._seen.clear()
+
     def key(self, tuple arrays, tuple values, tokens_per_expert=None):
         """``(key, addresses, rows key)`` of a call that a replay may repeat, else None. The
         rows key is the key with the capacities' row count in their place, or None for a
