@@ -26,6 +26,19 @@
 #define MOE_COMBINE_BLOCK 128
 #endif
 
+/* Each block of the combine first prefetches the block MOE_PREFETCH_AHEAD blocks further on
+   in each of the token's rows, or, past their end, the start of the next token's rows: a
+   token's rows lie anywhere in the buffer, and a row of a few kilobytes is over before the
+   hardware prefetcher has followed it far (measured: docs/design-notes.rst). */
+#ifndef MOE_PREFETCH_AHEAD
+#define MOE_PREFETCH_AHEAD 4
+#endif
+#if defined(__GNUC__) || defined(__clang__)
+#define MOE_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#else
+#define MOE_PREFETCH(p) ((void)(p))
+#endif
+
 /* The combine is compiled twice on x86-64 with GCC >= 12 and glibc (ifunc): once for
    x86-64-v3 (AVX2 + FMA: vectorised, fmaf becomes vfmadd) and once for the baseline, picked
    at load time. Other compilers and architectures get the baseline version only. */
@@ -137,16 +150,36 @@ MOE_INLINE float moe_accumulate(float acc, float x, float p, int weighted, int r
     return rounded ? moe_round_trip(v, dtype) : v;
 }
 
-/* out[h] = the combine of rows[src_rows[j], h] for j < nsrc, in that order, for h < H.
-   acc is scratch for MOE_COMBINE_BLOCK floats. dtype, weighted and rounded are constants
-   after inlining, so each variant gets its own vectorised loops. */
+/* Prefetch elements [h, h + MOE_COMBINE_BLOCK) of rows[rows_of[j]] for j < n, no further
+   than the row's end (nothing outside the caller's arrays is touched). */
+MOE_INLINE void moe_prefetch_block(const char *rows, int64_t H, int64_t size,
+                                   const int64_t *rows_of, int64_t n, int64_t h) {
+    int64_t m = (H - h < MOE_COMBINE_BLOCK ? H - h : MOE_COMBINE_BLOCK) * size;
+    for (int64_t j = 0; j < n; j++) {
+        const char *z = rows + (rows_of[j] * H + h) * size;
+        for (int64_t b = 0; b < m; b += 64) MOE_PREFETCH(z + b);
+    }
+}
+
+/* out[h] = the combine of rows[src_rows[j], h] for j < nsrc, in that order, for h < H; the
+   next token's rows, next_rows[j] for j < nnext, are prefetched towards the end. acc is
+   scratch for MOE_COMBINE_BLOCK floats. dtype, weighted and rounded are constants after
+   inlining, so each variant gets its own vectorised loops. */
 MOE_INLINE void moe_combine_token_impl(int dtype, int weighted, int rounded,
                                        const char *rows, int64_t H, const int64_t *src_rows,
                                        const float *src_probs, int64_t nsrc,
+                                       const int64_t *next_rows, int64_t nnext,
                                        float *restrict acc, char *out) {
     int64_t size = dtype == MOE_DATA_FLOAT32 ? 4 : 2;
+    int64_t blocks = (H + MOE_COMBINE_BLOCK - 1) / MOE_COMBINE_BLOCK;
     for (int64_t h0 = 0; h0 < H; h0 += MOE_COMBINE_BLOCK) {
         int64_t n = H - h0 < MOE_COMBINE_BLOCK ? H - h0 : MOE_COMBINE_BLOCK;
+        int64_t ahead = h0 / MOE_COMBINE_BLOCK + MOE_PREFETCH_AHEAD; /* a block index */
+        if (MOE_PREFETCH_AHEAD > 0 && ahead < blocks)
+            moe_prefetch_block(rows, H, size, src_rows, nsrc, ahead * MOE_COMBINE_BLOCK);
+        else if (MOE_PREFETCH_AHEAD > 0 && ahead - blocks < blocks)
+            moe_prefetch_block(rows, H, size, next_rows, nnext,
+                               (ahead - blocks) * MOE_COMBINE_BLOCK);
         if (nsrc == 0) {
             for (int64_t i = 0; i < n; i++) acc[i] = 0.0f;
         }
@@ -170,12 +203,13 @@ MOE_INLINE void moe_combine_token_impl(int dtype, int weighted, int rounded,
 
 MOE_CLONES static void moe_combine_token(int dtype, int weighted, int mix_precision,
                                          const void *rows, int64_t H, const int64_t *src_rows,
-                                         const float *src_probs, int64_t nsrc, float *acc,
+                                         const float *src_probs, int64_t nsrc,
+                                         const int64_t *next_rows, int64_t nnext, float *acc,
                                          void *out) {
     const char *r = (const char *)rows;
     char *o = (char *)out;
 #define MOE_VARIANT(D, W, M) \
-    moe_combine_token_impl(D, W, M, r, H, src_rows, src_probs, nsrc, acc, o)
+    moe_combine_token_impl(D, W, M, r, H, src_rows, src_probs, nsrc, next_rows, nnext, acc, o)
     int rounded = !mix_precision;
     if (dtype == MOE_DATA_FLOAT32) {
         if (weighted) MOE_VARIANT(MOE_DATA_FLOAT32, 1, 0);

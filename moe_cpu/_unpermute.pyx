@@ -43,7 +43,8 @@ cdef extern from "_combine.h" nogil:
     int MOE_COMBINE_BLOCK
     void moe_combine_token(int dtype, int weighted, int mix_precision, const void* rows,
                            int64_t H, const int64_t* src_rows, const float* src_probs,
-                           int64_t nsrc, float* acc, void* out)
+                           int64_t nsrc, const int64_t* next_rows, int64_t nnext, float* acc,
+                           void* out)
     void moe_widen_array(int dtype, const uint16_t* src, float* dst, int64_t n)
     void moe_narrow_array(int dtype, const float* src, uint16_t* dst, int64_t n)
 
@@ -85,45 +86,66 @@ cdef struct Combine:
     float* out_probs
     # per chunk: first bad routemap slot, its id, first bad rowmap entry, its value
     int64_t* chunk_status
-    # per thread: accumulator [MOE_COMBINE_BLOCK] float, rows [E] int64, weights [E] float
+    # per thread: accumulator [MOE_COMBINE_BLOCK] float, the rows of a token and of the next
+    # [2, E] int64, their weights [2, E] float
     char* scratch
     int64_t scratch_stride
 
 
+cdef int64_t _token_rows(Combine* c, int64_t t, int64_t* src_rows, float* src_probs,
+                         int64_t* st) noexcept nogil:
+    """Token t's rows in ascending expert id and their probabilities; how many. A rowmap
+    entry outside [-1, R) is noted in ``st`` (the chunk's first) and counts as -1."""
+    cdef int64_t e, r, flat, nsrc = 0
+    for e in range(c.E):
+        flat = t * c.E + e
+        r = load_i32(c.rowmap + flat)
+        if r < -1 or r >= c.R:
+            if st[2] < 0:
+                st[2] = flat
+                st[3] = r
+        elif r >= 0:
+            src_rows[nsrc] = r
+            src_probs[nsrc] = c.probs[r]
+            nsrc = nsrc + 1
+    return nsrc
+
+
 cdef void _combine(Combine* c, const index_t* routemap, int nthreads) noexcept nogil:
-    cdef int64_t ch, t, e, k, r, nsrc, flat
+    cdef int64_t ch, t, t_end, e, k, r, nsrc, nnext, flat
     cdef int64_t nchunks = (c.T + TOKEN_CHUNK - 1) // TOKEN_CHUNK
     cdef float* acc
     cdef int64_t* src_rows
     cdef float* src_probs
+    cdef int64_t* next_rows
+    cdef float* next_probs
+    cdef int64_t* swap_rows
+    cdef float* swap_probs
     cdef int64_t* st
     cdef float w
     # dynamic: a thread that shares its core with another process does less of the work
     for ch in prange(nchunks, num_threads=nthreads, schedule="dynamic"):
         acc = <float*>(c.scratch + threadid() * c.scratch_stride)
         src_rows = <int64_t*>(acc + MOE_COMBINE_BLOCK)
-        src_probs = <float*>(src_rows + c.E)
+        next_rows = src_rows + c.E
+        src_probs = <float*>(next_rows + c.E)
+        next_probs = src_probs + c.E
         st = c.chunk_status + 4 * ch
         st[0] = -1
         st[1] = -1
         st[2] = -1
         st[3] = -1
-        for t in range(ch * TOKEN_CHUNK, min(ch * TOKEN_CHUNK + TOKEN_CHUNK, c.T)):
-            # the token's rows in ascending expert id
-            nsrc = 0
-            for e in range(c.E):
-                flat = t * c.E + e
-                r = load_i32(c.rowmap + flat)
-                if r < -1 or r >= c.R:
-                    if st[2] < 0:
-                        st[2] = flat
-                        st[3] = r
-                elif r >= 0:
-                    src_rows[nsrc] = r
-                    src_probs[nsrc] = c.probs[r]
-                    nsrc = nsrc + 1
+        t_end = min(ch * TOKEN_CHUNK + TOKEN_CHUNK, c.T)
+        nsrc = _token_rows(c, ch * TOKEN_CHUNK, src_rows, src_probs, st)
+        for t in range(ch * TOKEN_CHUNK, t_end):
+            # the next token's rows are known before this one's combine, which prefetches
+            # them
+            nnext = 0
+            if t + 1 < t_end:
+                nnext = _token_rows(c, t + 1, next_rows, next_probs, st)
             moe_combine_token(c.dtype, c.weighted, c.mix_precision, c.rows, c.H, src_rows,
-                              src_probs, nsrc, acc, c.out_hidden + t * c.H * c.elem_size)
+                              src_probs, nsrc, next_rows, nnext, acc,
+                              c.out_hidden + t * c.H * c.elem_size)
             for k in range(c.K):
                 flat = t * c.K + k
                 e = load_id(routemap, flat)
@@ -137,6 +159,13 @@ cdef void _combine(Combine* c, const index_t* routemap, int nthreads) noexcept n
                     if r >= 0 and r < c.R:
                         w = c.probs[r]
                 c.out_probs[flat] = w
+            swap_rows = src_rows
+            src_rows = next_rows
+            next_rows = swap_rows
+            swap_probs = src_probs
+            src_probs = next_probs
+            next_probs = swap_probs
+            nsrc = nnext
 
 
 def unpermute(
@@ -225,7 +254,7 @@ def unpermute(
     cdef const index_t* routemap_ptr = NULL if c.T == 0 else &routemap[0, 0]
     nchunks = (c.T + TOKEN_CHUNK - 1) // TOKEN_CHUNK
     # 64-byte multiples so that the threads' scratch never shares a cache line
-    c.scratch_stride = (4 * MOE_COMBINE_BLOCK + 12 * c.E + 63) // 64 * 64
+    c.scratch_stride = (4 * MOE_COMBINE_BLOCK + 24 * c.E + 63) // 64 * 64
     cdef char* scratch = <char*>malloc(nthreads * c.scratch_stride + 64)
     c.chunk_status = <int64_t*>malloc((4 * nchunks + 1) * sizeof(int64_t))
     try:
