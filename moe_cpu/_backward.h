@@ -25,16 +25,34 @@ MOE_INLINE float moe_warp_dot_impl(int dtype, const char *x, const char *y, int6
     const int64_t full = H / round * round;
     float lane[MOE_WARP];
     for (int l = 0; l < MOE_WARP; l++) lane[l] = 0.0f;
-    /* lane by lane, each lane's word in ascending h: the lanes are independent, so the
-       vectoriser takes several at once (their words form an interleaved group) */
-    for (int64_t h0 = 0; h0 < full; h0 += round) {
-        for (int l = 0; l < MOE_WARP; l++) {
-            float acc = lane[l];
-            for (int64_t i = 0; i < V; i++) {
-                int64_t h = h0 + l * V + i;
-                acc = fmaf(moe_load(x, h, dtype), moe_load(y, h, dtype), acc);
+    if (dtype == MOE_DATA_BFLOAT16) {
+        /* lane by lane, each lane's word in ascending h: the lanes are independent, so the
+           vectoriser takes several at once (their words form an interleaved group) */
+        for (int64_t h0 = 0; h0 < full; h0 += round) {
+            for (int l = 0; l < MOE_WARP; l++) {
+                float acc = lane[l];
+                for (int64_t i = 0; i < V; i++) {
+                    int64_t h = h0 + l * V + i;
+                    acc = fmaf(moe_load(x, h, dtype), moe_load(y, h, dtype), acc);
+                }
+                lane[l] = acc;
             }
-            lane[l] = acc;
+        }
+    } else {
+        /* a pass widened into [element of the word][lane] arrays first, then one fmaf per
+           lane and element, the lanes innermost: faster for float16 (the widening is the
+           costly part) and float32, slower for bfloat16 (measured: docs/design-notes.rst) */
+        float xt[8][MOE_WARP], yt[8][MOE_WARP];
+        for (int64_t h0 = 0; h0 < full; h0 += round) {
+            for (int l = 0; l < MOE_WARP; l++) {
+                for (int64_t i = 0; i < V; i++) {
+                    xt[i][l] = moe_load(x, h0 + l * V + i, dtype);
+                    yt[i][l] = moe_load(y, h0 + l * V + i, dtype);
+                }
+            }
+            for (int64_t i = 0; i < V; i++) {
+                for (int l = 0; l < MOE_WARP; l++) lane[l] = fmaf(xt[i][l], yt[i][l], lane[l]);
+            }
         }
     }
     for (int l = 0; l < MOE_WARP; l++) { /* the last, partial pass */
