@@ -10,7 +10,7 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
 
 @pytest.mark.parametrize(
-    "name", ["after_sync", "host_time", "host_time_ab", "sanitize", "split_rows"]
+    "name", ["after_sync", "graph_replay", "host_time", "host_time_ab", "sanitize", "split_rows"]
 )
 def test_tool_imports(name, monkeypatch):
     pytest.importorskip("torch")
