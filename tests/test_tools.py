@@ -19,3 +19,33 @@ def test_tool_imports(name, monkeypatch):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # (their work is under main(), not at import)
     assert callable(module.main)
+
+
+def test_forget_replays_clears_every_op(monkeypatch):
+    """What the tools call between settings: every registered op's ``clear``."""
+    from moe_numba import _api
+
+    cleared = []
+
+    class Op:
+        def __init__(self, name):
+            self.name = name
+
+        def clear(self):
+            cleared.append(self.name)
+
+    monkeypatch.setattr(_api, "REPLAYS", {"a": Op("a"), "b": Op("b")})
+    _api.forget_replays()
+    assert sorted(cleared) == ["a", "b"]
+
+
+def test_the_registered_replays_can_be_cleared():
+    """The compiled replays (or their stand-ins where the extension is not built) forget on
+    ``clear``; a key met once is then new again (checked on a GPU in test_torch_replay)."""
+    pytest.importorskip("torch")
+    from moe_numba import _api
+    from moe_numba.torch import _replay
+
+    assert _api.REPLAYS["permute"] is _replay.PERMUTE
+    for op in _api.REPLAYS.values():
+        op.clear()
