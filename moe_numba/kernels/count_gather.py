@@ -12,7 +12,7 @@ the same grid stride as :mod:`.gather`)::
     bits [E, W]         bit (e, t) set when token t has a counting slot for expert e
         |               (W = ceil(T / 32) words per expert)
         |-- ctot[e]         popcount of row e: the expert's tokens
-        |-- offsets, lim, padbase      the scan's phase B (:func:`.scan.expert_offsets`)
+        |-- offsets, lim, padbase      the scan's phase B (:func:`.scan.make_phase_b`)
         '-- slot_rank[t, k] popcount of the bits below token t in row e: the slot's rank
                             among expert e's tokens (-1: the slot does not count)
         |
@@ -33,10 +33,9 @@ from numba import cuda, int32, int64, uint32
 from . import gather
 from ._family import INT, KernelFamily, ptr
 from ._intrinsics import SYNCWARP_WARPS, TMP_WORDS, device, griddep_wait
-from ._primitives import BIG
 from .count import _COUNTS, _slot_state
 from .gather import LANES, _gather_params, _gather_variants
-from .scan import expert_offsets
+from .scan import make_phase_b
 
 WARPS = min(8, SYNCWARP_WARPS)  # gather workers per block (the count's threads: 32 each)
 SLOTS = 2048  # most routing slots of a call (T * K)
@@ -106,6 +105,14 @@ def _rank(bits, rank, T, K, W, tid, bd):
             rank[g] = r
 
 
+@device
+def _shared(array, i):
+    return array[i]
+
+
+_phase_b = make_phase_b(_shared)  # (the counts are in shared memory)
+
+
 def _make_count_gather(key):
     """The count_gather kernel of ``key`` (a :class:`.gather.GatherKey`)."""
     items = gather.make_items(key, WARPS)
@@ -165,29 +172,8 @@ def _make_count_gather(key):
                 c += cuda.popc(bits[e * W + w])
             ctot[e] = c
         cuda.syncthreads()
-        carry = int64(0)
-        pad_carry = int64(0)
-        mismatch = BIG  # (no status words: the first mismatch is not needed)
-        for e0 in range(0, E, bd):
-            carry, pad_carry, mismatch = expert_offsets(
-                e0,
-                ctot[e0 + tid] if e0 + tid < E else int64(0),
-                carry,
-                pad_carry,
-                mismatch,
-                capacity,
-                offsets,
-                lim,
-                padbase,
-                E,
-                A,
-                R,
-                override,
-                tmp,
-                tid,
-            )
-        if tid == 0:
-            padbase[E] = pad_carry
+        # (no status words: the rows and the first mismatch are not needed)
+        _phase_b(ctot, capacity, offsets, lim, padbase, E, A, R, override, tmp, tid, bd)
         _rank(bits, rank, T, K, W, tid, bd)
         cuda.syncthreads()
         items(

@@ -145,6 +145,47 @@ def expert_offsets(
     return carry + total, pad_carry + pad_total, mismatch
 
 
+def make_phase_b(load):
+    """Phase B over all E experts (one block): :func:`expert_offsets` a tile of blockDim.x
+    experts at a time, then ``padbase[E]``, the call's padding rows. ``load(ctot, e)`` reads
+    expert e's tokens (``ld.cg`` from global scratch for the scan, shared memory for
+    :mod:`.count_gather`). The device function returns ``(rows, first mismatch)``: the
+    padded rows of all experts and the first expert whose capacity is not its count, or BIG
+    (with ``override`` 0)."""
+
+    @device
+    def phase_b(ctot, capacity, offsets, lim, padbase, E, A, R, override, tmp, tid, bd):
+        carry = int64(0)
+        pad_carry = int64(0)
+        mismatch = BIG
+        for e0 in range(0, E, bd):
+            carry, pad_carry, mismatch = expert_offsets(
+                e0,
+                load(ctot, e0 + tid) if e0 + tid < E else int64(0),
+                carry,
+                pad_carry,
+                mismatch,
+                capacity,
+                offsets,
+                lim,
+                padbase,
+                E,
+                A,
+                R,
+                override,
+                tmp,
+                tid,
+            )
+        if tid == 0:
+            padbase[E] = pad_carry
+        return carry, mismatch
+
+    return phase_b
+
+
+_phase_b = make_phase_b(load_cg)
+
+
 @device
 def scan_status(status, part, routemap, ctot, NC, R, override, carry, mismatch, tmp, tid, bd):
     """Phase C (one block): the status words (the smallest index wins)."""
@@ -242,29 +283,9 @@ def scan(
             return
     cuda.syncthreads()
     # phase B, a tile of blockDim.x experts at a time
-    carry = int64(0)
-    pad_carry = int64(0)
-    mismatch = BIG
-    for e0 in range(0, E, bd):
-        carry, pad_carry, mismatch = expert_offsets(
-            e0,
-            load_cg(ctot, e0 + tid) if e0 + tid < E else int64(0),
-            carry,
-            pad_carry,
-            mismatch,
-            capacity,
-            offsets,
-            lim,
-            padbase,
-            E,
-            A,
-            R,
-            override,
-            tmp,
-            tid,
-        )
-    if tid == 0:
-        padbase[E] = pad_carry
+    carry, mismatch = _phase_b(
+        ctot, capacity, offsets, lim, padbase, E, A, R, override, tmp, tid, bd
+    )
     if want_status == 0:  # (validate=False: nobody reads the status words)
         return
     scan_status(status, part, routemap, ctot, NC, R, override, carry, mismatch, tmp, tid, bd)
