@@ -7,16 +7,17 @@ scan
     Per expert: the exclusive scan of the chunk histograms (each chunk's first rank), the
     capacity and the first row; the status words.
 place
-    Give each counting slot its row (tokens ascending within an expert): the rowmap, and the
-    source slot of every row.
+    Give each counting slot its row (tokens ascending within an expert): the rowmap, the
+    source slot of every row and the row of every slot.
 gather
-    Row-major over the output: copy each filled row's token bytes, probability and expert;
-    zero the padding rows.
+    Token-major: copy each token's bytes, probability and expert to the rows of its slots
+    (a token's row is read once, however many rows it fills: a row-major gather reads it
+    once per row, from memory when the input is larger than the cache); then zero the rows
+    that no slot fills.
 
 The GPU kernels (``moe_numba.kernels``) use the same stage names but divide the work another
-way: their count also ranks each slot within its chunk, and their gather is token-major (the
-rows of one token are written together) and places each row itself, so they have no place
-stage of their own.
+way: their count also ranks each slot within its chunk, and their gather places each row
+itself, so they have no place stage of their own.
 
 Tokens are split into chunks of a fixed size (independent of the thread count), so every stage
 gives the same result with any number of threads.
@@ -135,6 +136,8 @@ cdef struct Plan:
     int64_t* offset
     # place: the slot t*K+k that fills each row, -1 for an unfilled row
     int64_t* source
+    # place: the row that each slot t*K+k fills, -1 for none
+    int64_t* dest
 
 
 cdef void _count(Plan* p, const index_t* routemap, int nthreads) noexcept nogil:
@@ -233,6 +236,7 @@ cdef void _place(Plan* p, const index_t* routemap, int32_t* rowmap, int nthreads
         t0 = c * TOKEN_CHUNK
         t1 = min(t0 + TOKEN_CHUNK, p.T)
         memset(rowmap + t0 * p.E, 0xFF, (t1 - t0) * p.E * sizeof(int32_t))  # all -1
+        memset(p.dest + t0 * p.K, 0xFF, (t1 - t0) * p.K * sizeof(int64_t))
         for t in range(t0, t1):
             for k in range(p.K):
                 slot = t * p.K + k
@@ -249,6 +253,7 @@ cdef void _place(Plan* p, const index_t* routemap, int32_t* rowmap, int nthreads
                 if r < p.capacity[e] and r < p.R - p.offset[e]:
                     rowmap[t * p.E + e] = <int32_t>(p.offset[e] + r)
                     p.source[p.offset[e] + r] = slot
+                    p.dest[slot] = p.offset[e] + r
 
 
 cdef inline void _copy_row(uint8_t* dst, const uint8_t* src, int64_t n, bint stream) noexcept nogil:
@@ -265,19 +270,24 @@ cdef void _gather(Plan* p, const index_t* routemap, const float* probs,
                   const uint8_t* hidden, uint8_t* out_hidden, int64_t hb,
                   const uint8_t* scale, uint8_t* out_scale, int64_t sb,
                   float* out_probs, int32_t* out_indices, int nthreads) noexcept nogil:
-    """Copy each filled row's token bytes, probability and expert; zero the other rows."""
-    cdef int64_t chunk, first, row, slot, t
+    """Copy each token's bytes, probability and expert to the rows of its slots (a token's
+    row is read once, however many rows it fills), then zero the rows no slot fills."""
+    cdef int64_t chunk, first, row, slot, t, k
     cdef bint stream = MOE_CAN_STREAM and p.R * (hb + sb) >= STREAM_MIN_BYTES
+    cdef int64_t tokens_per_chunk = max(1, GATHER_CHUNK_BYTES // max(1, p.K * (hb + sb)))
+    cdef int64_t token_chunks = (p.T + tokens_per_chunk - 1) // tokens_per_chunk
     cdef int64_t rows_per_chunk = max(16, GATHER_CHUNK_BYTES // max(1, hb + sb))
-    cdef int64_t nchunks = (p.R + rows_per_chunk - 1) // rows_per_chunk
+    cdef int64_t row_chunks = (p.R + rows_per_chunk - 1) // rows_per_chunk
     with parallel(num_threads=nthreads):
         # dynamic: a thread that shares its core with another process does less of the work
-        for chunk in prange(nchunks, schedule="dynamic"):
-            first = chunk * rows_per_chunk
-            for row in range(first, min(first + rows_per_chunk, p.R)):
-                slot = p.source[row]
-                if slot >= 0:
-                    t = slot // p.K
+        for chunk in prange(token_chunks, schedule="dynamic"):
+            first = chunk * tokens_per_chunk
+            for t in range(first, min(first + tokens_per_chunk, p.T)):
+                for k in range(p.K):
+                    slot = t * p.K + k
+                    row = p.dest[slot]
+                    if row < 0:
+                        continue
                     if out_hidden != NULL:
                         _copy_row(out_hidden + row * hb, hidden + t * hb, hb, stream)
                     if out_scale != NULL:
@@ -285,14 +295,18 @@ cdef void _gather(Plan* p, const index_t* routemap, const float* probs,
                     out_probs[row] = probs[slot]
                     if out_indices != NULL:
                         out_indices[row] = <int32_t>routemap[slot]
-                else:
-                    if out_hidden != NULL:
-                        _copy_row(out_hidden + row * hb, NULL, hb, stream)
-                    if out_scale != NULL:
-                        _copy_row(out_scale + row * sb, NULL, sb, stream)
-                    out_probs[row] = 0.0
-                    if out_indices != NULL:
-                        out_indices[row] = -1
+        for chunk in prange(row_chunks, schedule="dynamic"):
+            first = chunk * rows_per_chunk
+            for row in range(first, min(first + rows_per_chunk, p.R)):
+                if p.source[row] >= 0:
+                    continue
+                if out_hidden != NULL:
+                    _copy_row(out_hidden + row * hb, NULL, hb, stream)
+                if out_scale != NULL:
+                    _copy_row(out_scale + row * sb, NULL, sb, stream)
+                out_probs[row] = 0.0
+                if out_indices != NULL:
+                    out_indices[row] = -1
         if stream:
             moe_stream_fence()  # order this thread's streaming stores before the join
 
@@ -387,10 +401,11 @@ def permute(
     p.capacity = <int64_t*>malloc((p.E + 1) * sizeof(int64_t))
     p.offset = <int64_t*>malloc((p.E + 1) * sizeof(int64_t))
     p.source = <int64_t*>malloc((p.R + 1) * sizeof(int64_t))
+    p.dest = <int64_t*>malloc((p.T * p.K + 1) * sizeof(int64_t))
     try:
         if (p.counted == NULL or p.ranks == NULL or p.chunk_status == NULL or p.seen == NULL
                 or p.count == NULL or p.capacity == NULL or p.offset == NULL
-                or p.source == NULL):
+                or p.source == NULL or p.dest == NULL):
             raise MemoryError("moe_cpu.permute: out of memory for the row plan")
         with nogil:
             for i in range(nthreads * p.E):
@@ -411,6 +426,7 @@ def permute(
         free(p.capacity)
         free(p.offset)
         free(p.source)
+        free(p.dest)
 
 
 cdef int _check_permute_shapes(
