@@ -256,6 +256,26 @@ def test_permute_chunks_and_threads():
     assert results[0][1][1][_abi.PERMUTE_BAD_ID] == 1700 * 5 + 2
 
 
+def test_permute_streamed_outputs():
+    """Outputs of 8 MiB and more are written with streaming stores (x86-64): odd row and
+    scale widths, padding, malformed routing, capacities that drop rows and a buffer too
+    small, each against the oracle."""
+    rng = np.random.default_rng(9)
+    T, K, E, H = 600, 4, 8, 4101
+    routemap = distinct_routes(rng, T, K, E).astype(np.int32)
+    routemap[17, 1] = E + 2
+    routemap[40, 3] = routemap[40, 0]
+    hidden = random_bits(rng, (T, H), ml_dtypes.float8_e4m3fn)
+    scale = random_bits(rng, (T, 33), np.float32)
+    probs = random_bits(rng, (T, K), np.float32)
+    counts = counts_of(routemap, E)
+    assert (counts.sum() + 16 * E) * (H + 33 * 4) >= 8 << 20
+    check_permute(hidden, scale, routemap, probs, E, counts, 16)
+    fewer = np.maximum(counts - rng.integers(0, 30, E), 0)  # rows dropped
+    check_permute(hidden, scale, routemap, probs, E, fewer, 16)
+    check_permute(hidden, scale, routemap, probs, E, None, 16, override_buffer_size=2000)
+
+
 def test_permute_many_experts_and_slots():
     rng = np.random.default_rng(3)
     T, K, E = 40, 64, 1024
