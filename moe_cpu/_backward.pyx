@@ -146,14 +146,19 @@ def permute_backward_probs(
     _need(routemap.shape[0] == T, "routemap must have as many rows as rowmap")
     _need(out_probs.shape[0] == T and out_probs.shape[1] == K, "out_probs must be [T, K]")
     _need(status.shape[0] >= UNPERMUTE_STATUS_LEN, "status is too short")
+    # (an empty array has no element 0 to point at: NULL, and nothing reads it)
+    cdef const float* gp = NULL if grad_probs.shape[0] == 0 else &grad_probs[0]
+    cdef const int32_t* rm = NULL if T == 0 or E == 0 else &rowmap[0, 0]
+    cdef const index_t* rt = NULL if T == 0 or K == 0 else &routemap[0, 0]
+    cdef float* op = NULL if T == 0 or K == 0 else &out_probs[0, 0]
     cdef int64_t* seen = <int64_t*>malloc((nthreads * E + 1) * sizeof(int64_t))
     cdef int64_t* chunk_status = <int64_t*>malloc((4 * nchunks + 1) * sizeof(int64_t))
     try:
         if seen == NULL or chunk_status == NULL:
             raise MemoryError("moe_cpu.permute_backward_probs: out of memory for the scratch")
         with nogil:
-            _slot_grads(&grad_probs[0], &rowmap[0, 0], &routemap[0, 0], &out_probs[0, 0], T, E,
-                        K, grad_probs.shape[0], chunk_status, seen, nthreads)
+            _slot_grads(gp, rm, rt, op, T, E, K, grad_probs.shape[0], chunk_status, seen,
+                        nthreads)
             for i in range(UNPERMUTE_STATUS_LEN):
                 status[i] = -1
             for ch in range(nchunks):  # chunk order: the smallest flat index is reported
@@ -336,27 +341,29 @@ def unpermute_backward(
               "grad_hidden must be [T, H * element size] with H >= 1")
         _need(out_rows.shape[0] == c.R and out_rows.shape[1] == c.row_bytes,
               "out_rows must have num_rows rows of the bytes of a grad_hidden row")
-        c.grad_hidden = <const char*>&grad_hidden[0, 0]
-        c.out_rows = <char*>&out_rows[0, 0]
+        # (an empty array has no element 0 to point at: NULL, and nothing reads it)
+        c.grad_hidden = NULL if c.T == 0 else <const char*>&grad_hidden[0, 0]
+        c.out_rows = NULL if c.R == 0 else <char*>&out_rows[0, 0]
         if weighted:
             _need(probs is not None and probs.shape[0] == c.R,
                   "probs must have num_rows entries when weighted")
-            c.probs = &probs[0]
+            c.probs = NULL if c.R == 0 else &probs[0]
     if dot:
         _need(rows is not None and rows.shape[0] == c.R and rows.shape[1] == c.row_bytes,
               "rows must have the shape of out_rows")
-        c.rows = <const char*>&rows[0, 0]
+        c.rows = NULL if c.R == 0 else <const char*>&rows[0, 0]
     c.grad_probs = NULL
     if grad_probs is not None:
         _need(out_probs is not None, "grad_probs needs out_probs")
         _need(grad_probs.shape[0] == c.T and grad_probs.shape[1] == c.K,
               "grad_probs must be [T, K]")
-        c.grad_probs = &grad_probs[0, 0]
+        c.grad_probs = NULL if c.T == 0 or c.K == 0 else &grad_probs[0, 0]
     c.out_probs = NULL
     if out_probs is not None:
         _need(out_probs.shape[0] == c.R, "out_probs must have num_rows entries")
-        c.out_probs = &out_probs[0]
-    c.rowmap = &rowmap[0, 0]
+        c.out_probs = NULL if c.R == 0 else &out_probs[0]
+    c.rowmap = NULL if c.T == 0 or c.E == 0 else &rowmap[0, 0]
+    cdef const index_t* routemap_ptr = NULL if c.T == 0 or c.K == 0 else &routemap[0, 0]
     c.owner = <int64_t*>malloc((c.R + 1) * sizeof(int64_t))
     try:
         if c.owner == NULL:
@@ -365,7 +372,7 @@ def unpermute_backward(
             for i in range(UNPERMUTE_BACKWARD_STATUS_LEN):
                 status[i] = -1
             _find_owners(&c, &status[0])
-            _check_ids(&routemap[0, 0], c.T * c.K, c.E, &status[0])
-            _unpermute_grad(&c, &routemap[0, 0], nthreads)
+            _check_ids(routemap_ptr, c.T * c.K, c.E, &status[0])
+            _unpermute_grad(&c, routemap_ptr, nthreads)
     finally:
         free(c.owner)
