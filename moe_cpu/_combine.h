@@ -175,9 +175,9 @@ MOE_INLINE void moe_combine_token_impl(int dtype, int weighted, int rounded,
     for (int64_t h0 = 0; h0 < H; h0 += MOE_COMBINE_BLOCK) {
         int64_t n = H - h0 < MOE_COMBINE_BLOCK ? H - h0 : MOE_COMBINE_BLOCK;
         int64_t ahead = h0 / MOE_COMBINE_BLOCK + MOE_PREFETCH_AHEAD; /* a block index */
-        if (MOE_PREFETCH_AHEAD > 0 && ahead < blocks)
+        if (ahead < blocks)
             moe_prefetch_block(rows, H, size, src_rows, nsrc, ahead * MOE_COMBINE_BLOCK);
-        else if (MOE_PREFETCH_AHEAD > 0 && ahead - blocks < blocks)
+        else if (ahead - blocks < blocks)
             moe_prefetch_block(rows, H, size, next_rows, nnext,
                                (ahead - blocks) * MOE_COMBINE_BLOCK);
         if (nsrc == 0) {

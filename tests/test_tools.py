@@ -40,8 +40,9 @@ def test_forget_replays_clears_every_op(monkeypatch):
 
 
 def test_the_registered_replays_can_be_cleared():
-    """The compiled replays (or their stand-ins where the extension is not built) forget on
-    ``clear``; a key met once is then new again (checked on a GPU in test_torch_replay)."""
+    """Every registered op has ``clear`` (the compiled replays, or their stand-ins where the
+    extension is not built); that a cleared key records anew is checked on a GPU, in
+    test_torch_replay."""
     pytest.importorskip("torch")
     from moe_numba import _api
     from moe_numba.torch import _replay

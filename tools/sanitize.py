@@ -22,7 +22,6 @@ import torch
 
 import moe_numba
 from moe_numba import _api, _oracle
-from moe_numba._cache import BoundedCache
 from moe_numba._transfer import to_device, to_host
 from moe_numba.kernels import count_gather
 from moe_numba.kernels import permute as PM
@@ -144,7 +143,7 @@ def one_kernel(slots):
     """Set the permute's ``ONE_KERNEL_SLOTS`` (count_gather for the calls that fit it, when
     non-zero) with no launch plans or replays of another setting left."""
     PM.ONE_KERNEL_SLOTS = slots
-    PM._LAUNCHES = BoundedCache(1024)
+    PM._LAUNCHES.clear()
     _api.forget_replays()
 
 

@@ -24,7 +24,6 @@ import torch
 
 import moe_numba
 from moe_numba import _api
-from moe_numba._cache import BoundedCache
 from moe_numba.kernels import permute as PM
 from moe_numba.kernels import unpermute as UP
 
@@ -112,7 +111,7 @@ def sweep(label, module, name, settings, shapes, ops, plans=None):
 
 def _forget(plans):
     """Drop the launch plans of ``plans`` and every replay: both depend on the setting."""
-    plans._LAUNCHES = BoundedCache(1024)
+    plans._LAUNCHES.clear()
     _api.forget_replays()
 
 
