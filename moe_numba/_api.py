@@ -1,4 +1,5 @@
-"""``moe_permute`` and ``moe_unpermute``: check metadata, pick the backend, run, raise."""
+"""The public ``moe_permute`` and ``moe_unpermute``: torch tensors to the torch integration,
+every other array kind to the core (:mod:`moe_numba._core`)."""
 
 from __future__ import annotations
 
@@ -6,138 +7,28 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
-from ._cache import BoundedCache
-from ._capacities import with_capacities
-from ._contract import (
-    ArrayMeta,
-    PermuteArrays,
-    UnpermuteArrays,
-    check_permute_metadata,
-    check_unpermute_metadata,
-    raise_for_permute_status,
-    raise_for_unpermute_status,
-)
-from ._dispatch import call_key, check_arrays, check_given, locate
-from ._libraries import array_library
+from . import _core
+from ._contract import PermuteArrays, UnpermuteArrays
 
 Array: TypeAlias = Any
 """A NumPy array, or a CUDA array: numba device array, CuPy array, PyTorch CUDA tensor or any
 object with ``__cuda_array_interface__``. Outputs are of the caller's kind."""
 
 
-_permute_calls = BoundedCache(256)  # call key -> (backend, metadata plan)
-_unpermute_calls = BoundedCache(256)
-
-# op name -> the replays of its untraced calls on torch CUDA tensors
-# (moe_numba.torch._replay.ReplayedOp), filled when torch tensors first reach moe_numba
-REPLAYS = {}
-_TRACING = []  # torch.compiler.is_compiling, set with REPLAYS: traced calls never replay
-
-
-def register_replays(replays, tracing):
-    """Fill :data:`REPLAYS` (op name -> its replays) and set ``tracing()``, which says whether
-    ``torch.compile`` is tracing the call: a traced call runs its checks and its custom op,
-    and the compiled replays are never called from traced code."""
-    REPLAYS.update(replays)
-    _TRACING[:] = [tracing]
-
-
-# the names of each op's scalar arguments that its checks read, in the order of its scalars
-PERMUTE_SCALARS = (
-    "num_experts",
-    "padding_alignment",
-    "do_gather",
-    "using_ue8m0_scale",
-    "return_expert_indices",
-    "override_buffer_size",
-    "validate",
-)
-UNPERMUTE_SCALARS = (
-    "total_zipped_tokens",
-    "num_experts",
-    "using_mix_precision",
-    "using_weighted_combine",
-    "validate",
-)
-
-
-def replayed(op, arrays, values, tokens_per_expert=None):
-    """The outputs of a call of ``op`` that a replay repeats (:mod:`moe_numba.torch._replay`),
-    else None: ``arrays`` the op's arrays, ``values`` its scalars' values (both tuples, in
-    the order of its NamedTuple and of its scalar names)."""
-    replays = REPLAYS.get(op)
-    if replays is None or _TRACING[0]():
-        return None
-    return replays(arrays, values, tokens_per_expert)
-
-
-def forget_replays():
-    """Forget every op's replays and keys met (tools that change the kernels' module
-    settings between calls: a replay keeps the launches it recorded)."""
-    for replays in REPLAYS.values():
-        replays.clear()
-
-
-def tracing():
-    """Whether ``torch.compile`` is tracing the call (False before torch tensors arrive)."""
-    return bool(_TRACING) and _TRACING[0]()
-
-
-def _metadata(arrays):
-    """The shape and dtype of each array (None stays None), as the contract reads them."""
-    meta = []
-    for x in arrays:
-        library = None if x is None else array_library(x)
-        meta.append(None if x is None else ArrayMeta(library.shape(x), library.dtype(x)))
-    return arrays._make(meta)
-
-
-def _prepare(calls, arrays, scalars, check_metadata):
-    """(backend, plan) of a call: every required array given, where its arrays live, its
-    metadata checked, contiguity and device checked, in that order; remembered by
-    :func:`call_key` (errors never are).
-
-    ``arrays`` is the op's arrays NamedTuple (its field names name the arguments in errors);
-    ``scalars`` maps the names of the other arguments that the checks read to their values.
-    """
-
-    def prepare():
-        check_given(arrays)
-        named = arrays._asdict()
-        location = locate(named)
-        plan = check_metadata(_metadata(arrays), **scalars)
-        check_arrays(named)
-        return _BACKENDS[location](), plan
-
-    return calls.get_or_compute(call_key(arrays, scalars.values()), prepare)
-
-
-def _cpu_backend():
-    from . import _cpu
-
-    return _cpu
-
-
-def _gpu_backend():
-    from ._gpu import gpu_backend
-
-    return gpu_backend()
-
-
-# location (see ``locate``) -> loader of the backend: both offer ``op(plan, arrays, validate)
-# -> (outputs, status)`` for every op
-_BACKENDS = {"cpu": _cpu_backend, "cuda": _gpu_backend}
-
-
-def _has_torch_tensor(arrays):
-    """Whether any array is a torch tensor (torch is never imported for the answer)."""
+def torch_calls(arrays):
+    """:mod:`moe_numba.torch._calls` when a torch tensor is among ``arrays``, else None
+    (torch is never imported for the answer; the integration is imported on the first call
+    that needs it)."""
     torch = sys.modules.get("torch")
-    return torch is not None and any(isinstance(x, torch.Tensor) for x in arrays)
+    if torch is None:
+        return None
+    tensor = torch.Tensor
+    for x in arrays:
+        if isinstance(x, tensor):
+            from .torch import _calls
 
-
-def _allocator(empty):
-    """The keyword that hands a caller's output allocator to a backend, if there is one."""
-    return {} if empty is None else {"empty": empty}
+            return _calls
+    return None
 
 
 def moe_permute(
@@ -237,7 +128,7 @@ def moe_permute(
            [-1,  2, -1],
            [ 1,  3, -1]], dtype=int32)
     """
-    arrays = (hidden_states, scale, expert_routemap_topk, expert_prob_topk)
+    arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
     values = (
         num_experts,
         padding_alignment,
@@ -247,37 +138,12 @@ def moe_permute(
         override_buffer_size,
         validate,
     )
-    outputs = replayed("permute", arrays, values, tokens_per_expert)
-    if outputs is not None:
-        return outputs
-    arrays, scalars = PermuteArrays(*arrays), permute_scalars(*values)
-    if _has_torch_tensor(arrays):  # (the torch custom ops, whose implementations check)
-        from .torch import _calls
-
-        return _calls.moe_permute(arrays, scalars, tokens_per_expert)
-    backend, plan = planned_permute(arrays, scalars, tokens_per_expert)
-    return run_permute(backend, plan, arrays, validate)
-
-
-def permute_scalars(*values):
-    """The arguments of ``moe_permute`` that its checks read, by name (``values`` in the
-    order of PERMUTE_SCALARS)."""
-    return dict(zip(PERMUTE_SCALARS, values, strict=True))
-
-
-def planned_permute(arrays, scalars, tokens_per_expert):
-    """(backend, plan) of a ``moe_permute`` call, its metadata and capacities checked."""
-    backend, plan = _prepare(_permute_calls, arrays, scalars, check_permute_metadata)
-    return backend, with_capacities(plan, tokens_per_expert)
-
-
-def run_permute(backend, plan, arrays, validate, empty=None):
-    """``moe_permute``'s outputs for a call that :func:`planned_permute` has checked
-    (``empty(shape, dtype)``, if given, allocates the CPU backend's outputs)."""
-    outputs, status = backend.permute(plan, arrays, validate, **_allocator(empty))
-    if validate:
-        raise_for_permute_status(status, plan)
-    return outputs.result()
+    calls = torch_calls(arrays)
+    if calls is not None:
+        return calls.permute(arrays, values, tokens_per_expert)
+    scalars = _core.permute_scalars(*values)
+    backend, plan = _core.planned_permute(arrays, scalars, tokens_per_expert)
+    return _core.run_permute(backend, plan, arrays, validate)
 
 
 def moe_unpermute(
@@ -355,7 +221,7 @@ def moe_unpermute(
     >>> slot_probs
     array([[0.75, 0.25]], dtype=float32)
     """
-    arrays = (
+    arrays = UnpermuteArrays(
         hidden_states_unzipped,
         zipped_expertwise_rowmap,
         expert_routemap_topk,
@@ -368,33 +234,8 @@ def moe_unpermute(
         using_weighted_combine,
         validate,
     )
-    outputs = replayed("unpermute", arrays, values)
-    if outputs is not None:
-        return outputs
-    arrays, scalars = UnpermuteArrays(*arrays), unpermute_scalars(*values)
-    if _has_torch_tensor(arrays):
-        from .torch import _calls
-
-        return _calls.moe_unpermute(arrays, scalars)
-    backend, plan = planned_unpermute(arrays, scalars)
-    return run_unpermute(backend, plan, arrays, validate)
-
-
-def unpermute_scalars(*values):
-    """The arguments of ``moe_unpermute`` that its checks read, by name (``values`` in the
-    order of UNPERMUTE_SCALARS)."""
-    return dict(zip(UNPERMUTE_SCALARS, values, strict=True))
-
-
-def planned_unpermute(arrays, scalars):
-    """(backend, plan) of a ``moe_unpermute`` call, its metadata checked."""
-    return _prepare(_unpermute_calls, arrays, scalars, check_unpermute_metadata)
-
-
-def run_unpermute(backend, plan, arrays, validate, empty=None):
-    """``moe_unpermute``'s outputs for a call that :func:`planned_unpermute` has checked
-    (``empty`` as for :func:`run_permute`)."""
-    outputs, status = backend.unpermute(plan, arrays, validate, **_allocator(empty))
-    if validate:
-        raise_for_unpermute_status(status, plan)
-    return outputs
+    calls = torch_calls(arrays)
+    if calls is not None:
+        return calls.unpermute(arrays, values)
+    backend, plan = _core.planned_unpermute(arrays, _core.unpermute_scalars(*values))
+    return _core.run_unpermute(backend, plan, arrays, validate)

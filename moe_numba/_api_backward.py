@@ -1,56 +1,11 @@
-"""``moe_permute_backward`` and ``moe_unpermute_backward``: check metadata, pick the backend,
-run, raise (the steps of :mod:`moe_numba._api`)."""
+"""The public ``moe_permute_backward`` and ``moe_unpermute_backward``: torch tensors to the
+torch integration, every other array kind to the core (as :mod:`moe_numba._api`)."""
 
 from __future__ import annotations
 
-from ._api import REPLAYS, Array, _has_torch_tensor, _prepare, replayed, tracing
-from ._cache import BoundedCache
-from ._contract_backward import (
-    PermuteBackwardArrays,
-    UnpermuteBackwardArrays,
-    check_permute_backward_metadata,
-    check_unpermute_backward_metadata,
-    raise_for_permute_backward_status,
-    raise_for_unpermute_backward_status,
-)
-
-# the names of each op's scalar arguments that its checks read, in the order of its scalars
-PERMUTE_BACKWARD_SCALARS = ("validate",)
-UNPERMUTE_BACKWARD_SCALARS = ("using_weighted_combine", "num_rows", "validate")
-
-_permute_backward_calls = BoundedCache(256)  # call key -> (backend, metadata plan)
-_unpermute_backward_calls = BoundedCache(256)
-
-
-def _run(op, calls, arrays, scalars, check_metadata, raise_for_status):
-    """Prepare the call, run the backend's ``op`` unless there is nothing to compute (both
-    gradients None: ``(None, None)``), raise for its status words when validating.
-
-    torch CPU tensors reach the CPU backend as NumPy views of their memory and the outputs
-    come back as tensors sharing theirs (CUDA tensors go to the GPU backend as they are).
-    The gradient ops are not torch custom ops themselves: the backward of ``moe_numba::
-    permute`` / ``unpermute`` calls them from inside one.
-    """
-    validate = scalars["validate"]
-    backend, plan = _prepare(calls, arrays, scalars, check_metadata)
-    if not plan.computes:
-        return None, None
-    torch_cpu = False
-    if _has_torch_tensor(arrays):
-        from .torch._calls import _check_all_tensors  # (imports .torch._replay too)
-
-        _check_all_tensors(arrays)  # as in the forward ops: all torch tensors, or none
-        torch_cpu = all(x is None or x.device.type == "cpu" for x in arrays)
-        if not torch_cpu and validate is False and not tracing():  # (recorded for a replay)
-            return REPLAYS[op].run(backend, plan, arrays, scalars)
-    if torch_cpu:
-        from .torch._bridge import from_numpy, to_numpy
-
-        arrays = arrays._make(map(to_numpy, arrays))
-    outputs, status = getattr(backend, op)(plan, arrays, validate)
-    if validate:
-        raise_for_status(status, plan)
-    return tuple(map(from_numpy, outputs)) if torch_cpu else outputs
+from . import _core
+from ._api import Array, torch_calls
+from ._contract_backward import PermuteBackwardArrays, UnpermuteBackwardArrays
 
 
 def moe_permute_backward(
@@ -118,23 +73,17 @@ def moe_permute_backward(
     array([[0.5 , 2.  ],
            [0.25, 0.  ]], dtype=float32)
     """
-    given = (
+    arrays = PermuteBackwardArrays(
         grad_hidden_states_unzipped,
         grad_token_prob_unzipped,
         zipped_expertwise_rowmap,
         expert_routemap_topk,
     )
-    outputs = replayed("permute_backward", given, (validate,))
-    if outputs is not None:
-        return outputs
-    return _run(
-        "permute_backward",
-        _permute_backward_calls,
-        PermuteBackwardArrays(*given),
-        dict(zip(PERMUTE_BACKWARD_SCALARS, (validate,), strict=True)),
-        check_permute_backward_metadata,
-        raise_for_permute_backward_status,
-    )
+    calls = torch_calls(arrays)
+    if calls is not None:
+        return calls.permute_backward(arrays, (validate,))
+    backend, plan = _core.planned_permute_backward(arrays, {"validate": validate})
+    return _core.run_permute_backward(backend, plan, arrays, validate)
 
 
 def moe_unpermute_backward(
@@ -221,7 +170,7 @@ def moe_unpermute_backward(
     >>> dprobs
     array([1021.,  143.], dtype=float32)
     """
-    given = (
+    arrays = UnpermuteBackwardArrays(
         grad_hidden_states,
         grad_expert_prob_topk,
         hidden_states_unzipped,
@@ -230,14 +179,9 @@ def moe_unpermute_backward(
         token_prob_unzipped,
     )
     values = (using_weighted_combine, num_rows, validate)
-    outputs = replayed("unpermute_backward", given, values)
-    if outputs is not None:
-        return outputs
-    return _run(
-        "unpermute_backward",
-        _unpermute_backward_calls,
-        UnpermuteBackwardArrays(*given),
-        dict(zip(UNPERMUTE_BACKWARD_SCALARS, values, strict=True)),
-        check_unpermute_backward_metadata,
-        raise_for_unpermute_backward_status,
-    )
+    calls = torch_calls(arrays)
+    if calls is not None:
+        return calls.unpermute_backward(arrays, values)
+    scalars = dict(zip(_core.UNPERMUTE_BACKWARD_SCALARS, values, strict=True))
+    backend, plan = _core.planned_unpermute_backward(arrays, scalars)
+    return _core.run_unpermute_backward(backend, plan, arrays, validate)

@@ -1,20 +1,12 @@
-"""``moe_sort_chunks``: check metadata, pick the backend, run, raise (like :mod:`._api`)."""
+"""The public ``moe_sort_chunks``: torch tensors to the torch integration, every other array
+kind to the core (as :mod:`moe_numba._api`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._api import Array, _allocator, _has_torch_tensor, _prepare
-from ._cache import BoundedCache
-from ._contract_sort import (
-    SortArrays,
-    check_sort_metadata,
-    host_ints,
-    is_device_array,
-    raise_for_sort_status,
-)
-
-_sort_calls = BoundedCache(256)  # call key -> (backend, plan)
+from . import _core
+from ._api import Array, torch_calls
 
 
 def moe_sort_chunks(
@@ -83,23 +75,7 @@ def moe_sort_chunks(
     >>> y.ravel()
     array([3., 4., 0., 1., 2., 5.], dtype=float32)
     """
-    if _has_torch_tensor((x, probs)):  # the differentiable torch custom ops (host sizes: any)
-        from .torch._sort_chunks import sort_chunks
-
-        return sort_chunks(x, split_sizes, order, probs, validate=validate)
-    return sort_chunks_arrays(x, split_sizes, order, probs, validate=validate).result()
-
-
-def sort_chunks_arrays(x, split_sizes, order, probs=None, *, validate=True, empty=None):
-    """``moe_sort_chunks`` on arrays of any kind, never through the torch custom op (the op's
-    implementation calls this): its :class:`~._contract_sort.SortOutputs`.
-    ``empty(shape, dtype)``, if given, allocates the outputs instead of the arrays' library."""
-    device_sizes = split_sizes if is_device_array(split_sizes) else None
-    host_sizes = None if device_sizes is not None else host_ints("split_sizes", split_sizes)
-    arrays = SortArrays(x, probs, device_sizes)
-    scalars = dict(order=host_ints("order", order), host_sizes=host_sizes, validate=validate)
-    backend, plan = _prepare(_sort_calls, arrays, scalars, check_sort_metadata)
-    outputs, status = backend.sort_chunks(plan, arrays, validate, **_allocator(empty))
-    if validate and status is not None:
-        raise_for_sort_status(status, plan)
-    return outputs
+    calls = torch_calls((x, probs))
+    if calls is not None:
+        return calls.sort_chunks(x, split_sizes, order, probs, validate=validate)
+    return _core.sort_chunks(x, split_sizes, order, probs, validate=validate).result()

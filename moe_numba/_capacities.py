@@ -18,6 +18,11 @@ from ._libraries import classify, dlpack_cuda
 _capacity_plans = BoundedCache(256)
 
 
+def forget_capacity_plans():
+    """Forget every remembered plan with capacities."""
+    _capacity_plans.clear()
+
+
 def capacities_from(tokens_per_expert, num_experts):
     """``tokens_per_expert`` as an int64 NumPy array of ``num_experts`` values >= 0."""
     if tokens_per_expert is None or isinstance(tokens_per_expert, (str, bytes)):

@@ -1,7 +1,10 @@
-"""torch CPU tensors as NumPy arrays and back, sharing memory (no copy either way).
+"""torch tensors as the core reads them: CPU tensors as NumPy arrays and back, sharing memory
+(no copy either way), and the contract's metadata of any tensor (fake and meta ones too).
 
 torch's NumPy bridge knows no bfloat16 or float8: those tensors cross as their bits (int16 or
-uint8) and are re-labelled with the ``ml_dtypes`` dtype on the other side.
+uint8) and are re-labelled with the ``ml_dtypes`` dtype on the other side. A tensor that
+autograd records crosses detached: the core only reads its memory, and autograd records the
+call around it.
 """
 
 import functools
@@ -9,6 +12,8 @@ import functools
 import ml_dtypes
 import numpy as np
 import torch
+
+from .._contract import ArrayMeta
 
 # torch dtype -> (the integer dtype its bits cross as, the ml_dtypes dtype on the NumPy side)
 _BITS = {
@@ -18,12 +23,59 @@ _BITS = {
 }
 _TORCH_OF_NUMPY = {numpy_dtype: dtype for dtype, (_, numpy_dtype) in _BITS.items()}
 FLOAT8 = frozenset((torch.float8_e4m3fn, torch.float8_e5m2))
+# every torch dtype that moe-numba serves, with the NumPy dtype the contract reads
+NUMPY_OF_TORCH = {
+    **{dtype: numpy_dtype for dtype, (_, numpy_dtype) in _BITS.items()},
+    **{
+        getattr(torch, name): np.dtype(name)
+        for name in (
+            "float16",
+            "float32",
+            "float64",
+            "int8",
+            "int16",
+            "int32",
+            "int64",
+            "uint8",
+            "uint16",
+            "uint32",
+            "uint64",
+            "bool",
+            "complex64",
+            "complex128",
+        )
+        if hasattr(torch, name)
+    },
+}
+
+
+def check_dtypes(arrays):
+    """Every tensor of ``arrays`` (an op's arrays NamedTuple) of a dtype moe-numba serves:
+    ``TypeError`` naming the argument and its dtype otherwise (torch has dtypes that NumPy and
+    the kernels know nothing of, e.g. ``float8_e4m3fnuz``)."""
+    for name, x in zip(arrays._fields, arrays, strict=True):
+        if x is not None and x.dtype not in NUMPY_OF_TORCH:
+            served = ", ".join(sorted(str(d) for d in NUMPY_OF_TORCH))
+            raise TypeError(
+                f"{name} has dtype {x.dtype}, which moe-numba does not serve (served: {served})"
+            )
+
+
+def metadata(arrays):
+    """The contract's :class:`~moe_numba._contract.ArrayMeta` of each tensor of ``arrays``
+    (None stays None), read from the tensors alone: it serves fake, meta and traced tensors,
+    whose memory nobody may read."""
+    return arrays._make(
+        None if x is None else ArrayMeta(tuple(x.shape), NUMPY_OF_TORCH.get(x.dtype))
+        for x in arrays
+    )
 
 
 def to_numpy(tensor):
     """A NumPy view of a CPU tensor (``None`` stays ``None``)."""
     if tensor is None:
         return None
+    tensor = tensor.detach()
     bits = _BITS.get(tensor.dtype)
     if bits is None:
         return tensor.numpy()
@@ -59,7 +111,8 @@ class TorchAllocator:
         self._tensors = {}  # id(view) -> (view, tensor); the view is kept so its id stays unique
 
     def __call__(self, shape, dtype):
-        tensor = torch.empty(tuple(shape), dtype=torch_dtype(dtype))
+        # (on the CPU whatever torch.set_default_device says: these are CPU outputs)
+        tensor = torch.empty(tuple(shape), dtype=torch_dtype(dtype), device="cpu")
         view = to_numpy(tensor)
         self._tensors[id(view)] = (view, tensor)
         return view

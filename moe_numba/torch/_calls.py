@@ -1,118 +1,137 @@
-"""``moe_permute`` / ``moe_unpermute`` called with torch tensors: checks, then the custom ops.
+"""The public functions on torch tensors: each call takes one of three routes.
 
-:func:`moe_numba.moe_permute` and :func:`moe_numba.moe_unpermute` hand every call with a
-torch tensor among its arrays to these functions. In eager mode the call's metadata is
-checked first, by the same code and with the same errors as for any other array kind; then
-the op's implementation runs (through a ``torch.autograd.Function`` when autograd records
-the call). While ``torch.compile`` traces, the
-custom ops' fake kernels run those checks instead (on the traced tensors), so the traced code
-here is only the op call.
+================  ===========================================  ==================================
+route             taken when                                   what it is
+================  ===========================================  ==================================
+replay            direct (below), CUDA tensors,                the recorded launches of the
+                  ``validate=False``, the call key recorded,   call key, with the new addresses
+                  autograd not recording                       (:mod:`._replay`)
+direct            torch would do nothing else with the call    the op's implementation on its
+                  (:func:`._route.direct`)                     checked plan; autograd records it
+                                                               through a ``Function`` made of
+                                                               the op's own autograd functions
+custom op         anything else: ``jit.trace``, ``make_fx``,   ``torch.ops.moe_numba.*``: torch
+                  ``torch.export``, ``torch.compile``,         sees the op; its fake kernel gives
+                  ``torch.func``, forward AD, dispatch and     shapes, its registered autograd
+                  function modes, tensor subclasses, meta      the gradients
+                  tensors
+================  ===========================================  ==================================
+
+Every route gives the same bits and the same errors: the direct route and the custom op's
+implementation check a call's metadata in the core, as for every other array kind; the fake
+kernels run the same checks on traced tensors.
 """
 
 import torch
 
-from .. import _api
-from . import _autograd, _ops, _replay
+from .. import _core
+from . import _direct, _ops, _replay, _sort_chunks
+from .._capacities import capacities_from
+from ._autograd import DirectPermute, DirectUnpermute
+from ._direct import check_all_tensors
+from ._route import direct
+
+_grad_enabled = torch.is_grad_enabled
+_compiling = torch.compiler.is_compiling
 
 
-def _check_all_tensors(arrays):
-    """With one torch tensor among the arrays, every array must be one (the custom ops take
-    tensors only; mixing kinds would leave the outputs' kind undefined)."""
-    named = {name: x for name, x in arrays._asdict().items() if x is not None}
-    tensor = next(name for name, x in named.items() if isinstance(x, torch.Tensor))
-    for name, x in named.items():
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(
-                f"{tensor} is a torch.Tensor but {name} is a "
-                f"{type(x).__module__}.{type(x).__name__}: pass every array as a torch tensor "
-                "(on one device), or none"
+def _recorded(arrays, differentiable):
+    """Whether autograd records a call: grad mode on and an input of ``differentiable``
+    (indices into ``arrays``) requires a gradient."""
+    if not _grad_enabled():
+        return False
+    for i in differentiable:
+        x = arrays[i]
+        if x is not None and x.requires_grad:
+            return True
+    return False
+
+
+def permute(arrays, values, tokens_per_expert):
+    """:func:`moe_numba.moe_permute` on torch tensors (``arrays``: its PermuteArrays;
+    ``values``: its scalar arguments, in the order of ``_core.PERMUTE_SCALARS``)."""
+    return_expert_indices = values[4]
+    if direct(arrays):
+        recorded = _recorded(arrays, (0, 3))
+        if not recorded:
+            outputs = _replay.PERMUTE(arrays, values, tokens_per_expert)
+            if outputs is not None:
+                return outputs
+        scalars = _core.permute_scalars(*values)
+        backend, plan = _direct.planned_permute(arrays, scalars, tokens_per_expert)
+        if recorded:
+            outputs = DirectPermute.apply(
+                backend, plan, *arrays, *_op_scalars(values, plan.capacities)
             )
-
-
-# how a call runs (see _route)
-_OP, _EAGER, _RECORDED = "op", "eager", "recorded"
-
-
-def _route(arrays, differentiable):
-    """How a call runs: ``_OP``, through the custom op, while something traces it
-    (``torch.compile``, fake or functional tensors); else ``_EAGER``, the op's implementation
-    on the checked plan, or, when autograd records the call (a differentiable input requires
-    a gradient), ``_RECORDED``, a ``torch.autograd.Function`` made of the same functions
-    (:mod:`._autograd`). Skipping the dispatcher saves host time on every untraced call, in
-    training and in serving."""
-    if torch.compiler.is_compiling():
-        return _OP
-    if any(type(x) is not torch.Tensor for x in arrays if x is not None):
-        return _OP
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in differentiable):
-        return _RECORDED
-    return _EAGER
-
-
-def _replayable(arrays, scalars):
-    """Whether an eager call may be recorded for a replay (:mod:`._replay`): on CUDA
-    tensors, with ``validate=False``."""
-    return scalars["validate"] is False and arrays[0] is not None and arrays[0].is_cuda
-
-
-def _checked(planned, arrays, *args):
-    """(backend, plan) of a call (``planned(arrays, *args)``), its metadata checked as for
-    every other array kind, and every array a tensor."""
-    backend, plan = planned(arrays, *args)
-    _check_all_tensors(arrays)
-    return backend, plan
-
-
-def moe_permute(arrays, scalars, tokens_per_expert):
-    """:func:`moe_numba.moe_permute` on torch tensors, through ``moe_numba::permute``.
-
-    ``arrays`` and ``scalars`` are what the CPU and GPU paths check (``PermuteArrays`` and
-    the dict of the other checked arguments by name).
-    """
-    return_expert_indices = scalars["return_expert_indices"]
-    route = _route(arrays, (arrays.hidden_states, arrays.expert_prob_topk))
-    if route == _EAGER:  # (every array is a torch.Tensor: _route gives _OP otherwise)
-        backend, plan = _api.planned_permute(arrays, scalars, tokens_per_expert)
-        if _replayable(arrays, scalars):
-            return _replay.PERMUTE.run(backend, plan, arrays, scalars, tokens_per_expert)
-        return _ops.permute_planned(backend, plan, arrays, scalars["validate"])
-    override_buffer_size = scalars["override_buffer_size"]
-    if not torch.compiler.is_compiling():
-        backend, plan = _checked(_api.planned_permute, arrays, scalars, tokens_per_expert)
-        if route == _OP and plan.capacities is not None:  # the checked ints the schema takes
-            tokens_per_expert = plan.capacities.tolist()
-    if override_buffer_size >= 0:  # ignored by the contract, so kept out of the schema
-        tokens_per_expert = None
-    inputs = (
-        *arrays,
-        scalars["num_experts"],
-        tokens_per_expert,
-        scalars["padding_alignment"],
-        scalars["do_gather"],
-        scalars["using_ue8m0_scale"],
-        return_expert_indices,
-        override_buffer_size,
-        scalars["validate"],
-    )
-    if route == _RECORDED:
-        outputs = _autograd.EagerPermute.apply(backend, plan, *inputs)
+        else:
+            outputs = _direct.permute(backend, plan, arrays, scalars, tokens_per_expert)
     else:
-        outputs = _ops.permute(*inputs)
+        check_all_tensors(arrays)
+        capacities = None
+        if not _compiling() and values[5] < 0:  # (the schema takes a list of ints)
+            capacities = capacities_from(tokens_per_expert, values[0])
+        elif values[5] < 0:
+            capacities = tokens_per_expert
+        outputs = _ops.permute(*arrays, *_op_scalars(values, capacities))
     return outputs if return_expert_indices else outputs[:4]
 
 
-def moe_unpermute(arrays, scalars):
-    """:func:`moe_numba.moe_unpermute` on torch tensors, through ``moe_numba::unpermute``
-    (``arrays`` and ``scalars`` as the CPU and GPU paths check them)."""
-    route = _route(arrays, (arrays.hidden_states_unzipped, arrays.token_prob_unzipped))
-    if route == _EAGER:  # (tensors only, as above)
-        backend, plan = _api.planned_unpermute(arrays, scalars)
-        if _replayable(arrays, scalars):
-            return _replay.UNPERMUTE.run(backend, plan, arrays, scalars)
-        return _ops.unpermute_planned(backend, plan, arrays, scalars["validate"])
-    if torch.compiler.is_compiling():
-        return _ops.unpermute(*arrays, *scalars.values())
-    backend, plan = _checked(_api.planned_unpermute, arrays, scalars)
-    if route == _RECORDED:
-        return _autograd.EagerUnpermute.apply(backend, plan, *arrays, *scalars.values())
-    return _ops.unpermute(*arrays, *scalars.values())
+def _op_scalars(values, capacities):
+    """The custom op's scalar arguments: ``tokens_per_expert`` as the checked ints (None
+    under ``override_buffer_size``, which the contract ignores them for)."""
+    (num_experts, alignment, do_gather, ue8m0, indices, override, validate) = values
+    if override >= 0 or capacities is None:
+        counts = None
+    elif isinstance(capacities, (list, tuple)):
+        counts = list(capacities)
+    else:
+        counts = capacities.tolist()
+    return (num_experts, counts, alignment, do_gather, ue8m0, indices, override, validate)
+
+
+def unpermute(arrays, values):
+    """:func:`moe_numba.moe_unpermute` on torch tensors (``values`` in the order of
+    ``_core.UNPERMUTE_SCALARS``)."""
+    if direct(arrays):
+        recorded = _recorded(arrays, (0, 3))
+        if not recorded:
+            outputs = _replay.UNPERMUTE(arrays, values)
+            if outputs is not None:
+                return outputs
+        scalars = _core.unpermute_scalars(*values)
+        backend, plan = _direct.planned_unpermute(arrays, scalars)
+        if recorded:
+            return DirectUnpermute.apply(backend, plan, *arrays, *values)
+        return _direct.unpermute(backend, plan, arrays, scalars)
+    check_all_tensors(arrays)
+    return _ops.unpermute(*arrays, *values)
+
+
+def _absent_to_none(outputs, arrays, present):
+    """The gradient op's outputs with None for each gradient that was not asked for."""
+    return tuple(out if arrays[i] is not None else None for out, i in zip(outputs, present))
+
+
+def permute_backward(arrays, values):
+    """:func:`moe_numba.moe_permute_backward` on torch tensors."""
+    if direct(arrays) and not _recorded(arrays, (0, 1)):
+        return _direct.permute_backward(arrays, values)
+    check_all_tensors(arrays)
+    if arrays[0] is None and arrays[1] is None:
+        return None, None
+    return _absent_to_none(_ops.permute_backward(*arrays, *values), arrays, (0, 1))
+
+
+def unpermute_backward(arrays, values):
+    """:func:`moe_numba.moe_unpermute_backward` on torch tensors."""
+    if direct(arrays) and not _recorded(arrays, (0, 1, 2, 5)):
+        return _direct.unpermute_backward(arrays, values)
+    check_all_tensors(arrays)
+    grad_out, grad_slots = arrays[0], arrays[1]
+    if grad_out is None and grad_slots is None:
+        return None, None
+    rows, probs = _ops.unpermute_backward(*arrays, *values)
+    return (None if grad_out is None else rows), probs
+
+
+sort_chunks = _sort_chunks.sort_chunks

@@ -1,10 +1,11 @@
 """The torch custom ops ``moe_numba::permute``, ``unpermute``, ``permute_backward`` and
 ``unpermute_backward``: implementations and fake kernels.
 
-Each implementation calls the library's internal entry for its tensors' device: CUDA tensors go
-to the GPU backend as they are; CPU tensors cross to the Cython backend as NumPy views, and the
-outputs are torch tensors that the backend wrote through NumPy views (:mod:`._bridge`). The
-fake kernels give the shapes of docs/training.rst (the row count is ``override_buffer_size``, or
+Each implementation prepares its call in the core (:mod:`moe_numba._core`) and runs it on its
+tensors' device (:func:`run_on_tensors`): CUDA tensors go to the GPU backend as they are; CPU
+tensors cross to the Cython backend as NumPy views, and the outputs are torch tensors that the
+backend wrote through NumPy views (:mod:`._bridge`). The fake kernels (also the ops' meta
+kernels) give the shapes of docs/training.rst (the row count is ``override_buffer_size``, or
 ``sum_e ceil(n_e / A) * A``) and, when the call's ints are not traced, run the contract's
 metadata checks, so that ``torch.compile`` reports a bad call while it traces.
 
@@ -19,8 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .. import _api
-from .._api_backward import moe_permute_backward, moe_unpermute_backward
+from .. import _core
 from .._capacities import capacities_from, padded_rows
 from .._contract import (
     PermuteArrays,
@@ -28,7 +28,8 @@ from .._contract import (
     check_permute_metadata,
     check_unpermute_metadata,
 )
-from ._bridge import TorchAllocator, from_numpy, to_numpy
+from .._contract_backward import PermuteBackwardArrays, UnpermuteBackwardArrays
+from ._bridge import TorchAllocator, check_dtypes, metadata, to_numpy
 
 
 def _absent(like):
@@ -61,7 +62,8 @@ def permute_eager(
     """``moe_permute`` (see :func:`moe_numba.moe_permute`); ``expert_indices`` always last,
     empty unless ``return_expert_indices``."""
     arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
-    scalars = _api.permute_scalars(
+    check_dtypes(arrays)
+    scalars = _core.permute_scalars(
         num_experts,
         padding_alignment,
         do_gather,
@@ -70,46 +72,34 @@ def permute_eager(
         override_buffer_size,
         validate,
     )
-    backend, plan = _api.planned_permute(arrays, scalars, tokens_per_expert)
-    outputs = permute_planned(backend, plan, arrays, validate)
-    return _with_indices(outputs, return_expert_indices, hidden_states)
+    backend, plan = _core.planned_permute(arrays, scalars, tokens_per_expert)
+    return permute_of_plan(backend, plan, arrays, return_expert_indices, validate)
 
 
-def permute_of_plan(backend, plan, *inputs):
-    """:func:`permute_eager`'s outputs for ``inputs`` (its arguments), whose checked plan is
-    ``plan``."""
-    *arrays, _, _, _, _, _, return_expert_indices, _, validate = inputs
-    arrays = PermuteArrays(*arrays)
-    outputs = permute_planned(backend, plan, arrays, validate)
-    return _with_indices(outputs, return_expert_indices, arrays.hidden_states)
-
-
-def _with_indices(outputs, return_expert_indices, like):
-    """The op's outputs: ``expert_indices`` always last (empty when not asked for)."""
+def permute_of_plan(backend, plan, arrays, return_expert_indices, validate):
+    """The op's outputs for ``arrays`` (a PermuteArrays of tensors), whose checked plan is
+    ``plan``: ``expert_indices`` always last (empty when not asked for)."""
+    outputs = run_on_tensors(_core.run_permute, backend, plan, arrays, validate)
     if return_expert_indices:
         return outputs
-    return (*outputs, like.new_empty((0,), dtype=torch.int32))
+    return (*outputs, arrays.hidden_states.new_empty((0,), dtype=torch.int32))
 
 
-def permute_planned(backend, plan, arrays, validate):
-    """``moe_permute``'s outputs, as tensors, for a call that
-    :func:`moe_numba._api.planned_permute` has checked (``arrays``: the tensors)."""
-    return _run_planned(_api.run_permute, backend, plan, arrays, validate)
-
-
-def _run_planned(run, backend, plan, arrays, validate):
-    """``run(backend, plan, arrays, validate[, empty])`` (an op of :mod:`moe_numba._api` on a
+def run_on_tensors(run, backend, plan, arrays, validate):
+    """``run(backend, plan, arrays, validate[, empty])`` (an op of :mod:`moe_numba._core` on a
     checked plan) on tensors: CUDA tensors as they are; CPU tensors as NumPy views, the
-    outputs allocated by torch. ``arrays``' first tensor decides the device."""
-    if not _on_cpu(arrays[0]):
+    outputs allocated by torch. The first tensor decides the device; outputs that are None
+    stay None."""
+    like = next(x for x in arrays if x is not None)
+    if not _on_cpu(like):
         return tuple(run(backend, plan, arrays, validate))
     allocate = TorchAllocator()
     outputs = run(backend, plan, arrays._make(map(to_numpy, arrays)), validate, allocate)
-    return tuple(map(allocate.tensor, outputs))
+    return tuple(None if x is None else allocate.tensor(x) for x in outputs)
 
 
-# the custom op runs the same function (the public functions call it directly when nothing
-# traces the call: see _calls; autograd then records it through _autograd's Function)
+# the public functions call the same implementation directly when torch would do nothing else
+# with the call (see _route); autograd then records it through _autograd's Function
 permute = torch.library.custom_op("moe_numba::permute", mutates_args=())(permute_eager)
 
 
@@ -136,10 +126,10 @@ def _(
 ):
     counts = () if tokens_per_expert is None else tuple(tokens_per_expert)
     if _concrete(num_experts, padding_alignment, override_buffer_size, *counts):
+        arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
+        check_dtypes(arrays)
         check_permute_metadata(
-            _api._metadata(
-                PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
-            ),
+            metadata(arrays),
             num_experts=num_experts,
             padding_alignment=padding_alignment,
             do_gather=do_gather,
@@ -188,23 +178,12 @@ def unpermute_eager(
         expert_routemap_topk,
         token_prob_unzipped,
     )
-    scalars = _api.unpermute_scalars(
+    check_dtypes(arrays)
+    scalars = _core.unpermute_scalars(
         total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, validate
     )
-    backend, plan = _api.planned_unpermute(arrays, scalars)
-    return unpermute_planned(backend, plan, arrays, validate)
-
-
-def unpermute_of_plan(backend, plan, *inputs):
-    """:func:`unpermute_eager`'s outputs for ``inputs`` (its arguments), whose checked plan
-    is ``plan``."""
-    return unpermute_planned(backend, plan, UnpermuteArrays(*inputs[:4]), inputs[-1])
-
-
-def unpermute_planned(backend, plan, arrays, validate):
-    """``moe_unpermute``'s outputs, as tensors, for a call that
-    :func:`moe_numba._api.planned_unpermute` has checked (``arrays``: the tensors)."""
-    return _run_planned(_api.run_unpermute, backend, plan, arrays, validate)
+    backend, plan = _core.planned_unpermute(arrays, scalars)
+    return run_on_tensors(_core.run_unpermute, backend, plan, arrays, validate)
 
 
 unpermute = torch.library.custom_op("moe_numba::unpermute", mutates_args=())(unpermute_eager)
@@ -223,15 +202,15 @@ def _(
     validate,
 ):
     if _concrete(total_zipped_tokens, num_experts):
+        arrays = UnpermuteArrays(
+            hidden_states_unzipped,
+            zipped_expertwise_rowmap,
+            expert_routemap_topk,
+            token_prob_unzipped,
+        )
+        check_dtypes(arrays)
         check_unpermute_metadata(
-            _api._metadata(
-                UnpermuteArrays(
-                    hidden_states_unzipped,
-                    zipped_expertwise_rowmap,
-                    expert_routemap_topk,
-                    token_prob_unzipped,
-                )
-            ),
+            metadata(arrays),
             total_zipped_tokens=total_zipped_tokens,
             num_experts=num_experts,
             using_mix_precision=using_mix_precision,
@@ -247,20 +226,13 @@ def _(
 
 
 # ------------------------------------------------------------------------------------------
-# gradients (docs/gradients.rst): the library's gradient ops, the same rules on every device
-# (they never send torch tensors back to these custom ops)
+# gradients (docs/gradients.rst): the core's gradient ops, the same rules on every device
 
 
-def _run_gradient(function, tensors, **keywords):
-    """``function`` (a gradient op) on CPU tensors through NumPy views, or on CUDA
-    tensors as they are; absent outputs become empty stand-ins."""
-    like = next(t for t in tensors if t is not None)
-    if _on_cpu(like):
-        outputs = function(*map(to_numpy, tensors), **keywords)
-        outputs = map(from_numpy, outputs)
-    else:
-        outputs = function(*tensors, **keywords)
-    return tuple(_absent(like) if t is None else t for t in outputs)
+def _absent_for_none(outputs, arrays):
+    """The op's outputs with an empty stand-in for each absent gradient."""
+    like = next(x for x in arrays if x is not None)
+    return tuple(_absent(like) if x is None else x for x in outputs)
 
 
 def permute_backward_eager(
@@ -272,16 +244,16 @@ def permute_backward_eager(
 ) -> tuple[Tensor, Tensor]:
     """``moe_permute_backward`` (docs/gradients.rst); an absent gradient comes back as an empty
     float32 tensor."""
-    return _run_gradient(
-        moe_permute_backward,
-        (
-            grad_hidden_states_unzipped,
-            grad_token_prob_unzipped,
-            zipped_expertwise_rowmap,
-            expert_routemap_topk,
-        ),
-        validate=validate,
+    arrays = PermuteBackwardArrays(
+        grad_hidden_states_unzipped,
+        grad_token_prob_unzipped,
+        zipped_expertwise_rowmap,
+        expert_routemap_topk,
     )
+    check_dtypes(arrays)
+    backend, plan = _core.planned_permute_backward(arrays, {"validate": validate})
+    outputs = run_on_tensors(_core.run_permute_backward, backend, plan, arrays, validate)
+    return _absent_for_none(outputs, arrays)
 
 
 permute_backward = torch.library.custom_op("moe_numba::permute_backward", mutates_args=())(
@@ -323,20 +295,21 @@ def unpermute_backward_eager(
 ) -> tuple[Tensor, Tensor]:
     """``moe_unpermute_backward`` (docs/gradients.rst); an absent gradient comes back as an empty
     float32 tensor."""
-    return _run_gradient(
-        moe_unpermute_backward,
-        (
-            grad_hidden_states,
-            grad_expert_prob_topk,
-            hidden_states_unzipped,
-            zipped_expertwise_rowmap,
-            expert_routemap_topk,
-            token_prob_unzipped,
-        ),
-        using_weighted_combine=using_weighted_combine,
-        num_rows=num_rows,
-        validate=validate,
+    arrays = UnpermuteBackwardArrays(
+        grad_hidden_states,
+        grad_expert_prob_topk,
+        hidden_states_unzipped,
+        zipped_expertwise_rowmap,
+        expert_routemap_topk,
+        token_prob_unzipped,
     )
+    check_dtypes(arrays)
+    scalars = dict(
+        using_weighted_combine=using_weighted_combine, num_rows=num_rows, validate=validate
+    )
+    backend, plan = _core.planned_unpermute_backward(arrays, scalars)
+    outputs = run_on_tensors(_core.run_unpermute_backward, backend, plan, arrays, validate)
+    return _absent_for_none(outputs, arrays)
 
 
 unpermute_backward = torch.library.custom_op("moe_numba::unpermute_backward", mutates_args=())(

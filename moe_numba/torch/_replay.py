@@ -6,9 +6,8 @@ changes while the call's key repeats, so the second call of a key with ``validat
 recorded (:class:`moe_numba._gpu.RecordedCall`) and every later one replays it: it allocates
 the recorded outputs (``new_empty``) and scratch (an address from torch's caching allocator,
 given back after the launches) and hands their addresses and the inputs' to one C launch
-sequence (:mod:`moe_numba.kernels._replay`). The public functions ask
-:data:`moe_numba._api.REPLAYS` first, with their arguments as tuples; :mod:`._calls` and the
-gradient ops record. The key, the lookup and the replay run compiled
+sequence (:mod:`moe_numba.kernels._replay`). The direct route (:mod:`._direct`) asks the
+op's replays first and records. The key, the lookup and the replay run compiled
 (:mod:`._replay_c`, built with the C launcher; without it nothing is recorded).
 
 The key holds everything that the checks, the plan and the launches read: per tensor its
@@ -37,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _api, _api_backward
+from .. import _core
 
 try:  # (built with the C launcher: without it nothing is recorded)
     from ._replay_c import ReplayedOp, replays_run
@@ -75,17 +74,15 @@ def _op(name):
 
 _Op = _Unrecorded if ReplayedOp is None else ReplayedOp
 # (the differentiable arrays: the rows and the probabilities, as _calls routes them)
-PERMUTE = _Op(_permute, _api.PERMUTE_SCALARS, differentiable=(0, 3), counted=True)
-UNPERMUTE = _Op(_op("unpermute"), _api.UNPERMUTE_SCALARS, differentiable=(0, 3))
-PERMUTE_BACKWARD = _Op(_op("permute_backward"), _api_backward.PERMUTE_BACKWARD_SCALARS)
-UNPERMUTE_BACKWARD = _Op(_op("unpermute_backward"), _api_backward.UNPERMUTE_BACKWARD_SCALARS)
+PERMUTE = _Op(_permute, _core.PERMUTE_SCALARS, differentiable=(0, 3), counted=True)
+UNPERMUTE = _Op(_op("unpermute"), _core.UNPERMUTE_SCALARS, differentiable=(0, 3))
+PERMUTE_BACKWARD = _Op(_op("permute_backward"), _core.PERMUTE_BACKWARD_SCALARS)
+UNPERMUTE_BACKWARD = _Op(_op("unpermute_backward"), _core.UNPERMUTE_BACKWARD_SCALARS)
+OPS = (PERMUTE, UNPERMUTE, PERMUTE_BACKWARD, UNPERMUTE_BACKWARD)
 
-_api.register_replays(
-    dict(
-        permute=PERMUTE,
-        unpermute=UNPERMUTE,
-        permute_backward=PERMUTE_BACKWARD,
-        unpermute_backward=UNPERMUTE_BACKWARD,
-    ),
-    torch.compiler.is_compiling,
-)
+
+def forget():
+    """Forget every op's replays and keys met (tools that change the kernels' module
+    settings between calls: a replay keeps the launches it recorded)."""
+    for op in OPS:
+        op.clear()

@@ -231,7 +231,7 @@ cdef class ReplayedOp:
         self._found = self._replays.entries
 
     cdef object _key(self, tuple arrays, tuple values, object tokens_per_expert):
-        if values[self._validate] is not False:  # (traced calls never get here: _api)
+        if values[self._validate] is not False:  # (only direct calls get here: _route)
             return None
         bools = _scalar_types(values)
         if bools is None:
@@ -271,14 +271,15 @@ cdef class ReplayedOp:
         self._replays.clear()
         self._seen.clear()
 
-    def key(self, tuple arrays, tuple values, tokens_per_expert=None):
+    def key(self, arrays, tuple values, tokens_per_expert=None):
         """``(key, addresses, rows key)`` of a call that a replay may repeat, else None. The
         rows key is the key with the capacities' row count in their place, or None for a
         call without capacities."""
-        return self._key(arrays, values, tokens_per_expert)
+        return self._key(<tuple>arrays, values, tokens_per_expert)
 
-    def __call__(self, tuple arrays, tuple values, tokens_per_expert=None):
-        found = self._key(arrays, values, tokens_per_expert)
+    def __call__(self, arrays, tuple values, tokens_per_expert=None):
+        # (``arrays``: the op's NamedTuple, a tuple subclass, read as a tuple)
+        found = self._key(<tuple>arrays, values, tokens_per_expert)
         if found is None:
             return None
         key, addresses, rows_key = <tuple>found

@@ -19,11 +19,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .. import _api
-from .._api_sort import _sort_calls, sort_chunks_arrays
-from .._contract_sort import SortArrays, check_sort_metadata, host_ints, inverse_order
-from ._bridge import TorchAllocator, to_numpy
-from ._calls import _check_all_tensors
+from .. import _core
+from .._contract_sort import SortArrays, check_sort_metadata, inverse_order
+from ._bridge import TorchAllocator, check_dtypes, metadata, to_numpy
+from ._direct import check_all_tensors
 from ._ops import _absent, _concrete, _on_cpu
 
 
@@ -33,12 +32,12 @@ def _run(x, split_sizes, order, probs, validate):
     if _on_cpu(x):
         allocate = TorchAllocator()
         sizes = to_numpy(split_sizes) if isinstance(split_sizes, Tensor) else split_sizes
-        out = sort_chunks_arrays(
+        out = _core.sort_chunks(
             to_numpy(x), sizes, order, to_numpy(probs), validate=validate, empty=allocate
         )
         outputs = tuple(None if a is None else allocate.tensor(a) for a in out)
     else:
-        outputs = tuple(sort_chunks_arrays(x, split_sizes, order, probs, validate=validate))
+        outputs = tuple(_core.sort_chunks(x, split_sizes, order, probs, validate=validate))
     y, probs_y, lengths = outputs
     return y, _absent(x) if probs_y is None else probs_y, lengths
 
@@ -54,8 +53,10 @@ def _fake(x, num_chunks, probs):
 def _fake_check(x, probs, device_sizes, order, host_sizes):
     """The contract's metadata checks on traced tensors, when every int is concrete."""
     if _concrete(*order, *(host_sizes or ())):
+        arrays = SortArrays(x, probs, device_sizes)
+        check_dtypes(arrays)
         check_sort_metadata(
-            _api._metadata(SortArrays(x, probs, device_sizes)),
+            metadata(arrays),
             order=tuple(order),
             host_sizes=None if host_sizes is None else tuple(host_sizes),
             validate=True,
@@ -165,15 +166,15 @@ def sort_chunks(x, split_sizes, order, probs, *, validate):
     """
     on_device = isinstance(split_sizes, Tensor) and split_sizes.device.type != "cpu"
     if not torch.compiler.is_compiling():
-        host = None if on_device else host_ints("split_sizes", split_sizes)
-        arrays = SortArrays(x, probs, split_sizes if on_device else None)
-        order = host_ints("order", order)
-        scalars = dict(order=order, host_sizes=host, validate=validate)
-        _api._prepare(_sort_calls, arrays, scalars, check_sort_metadata)
-        _check_all_tensors(arrays)
-        order = list(order)
+        arrays, scalars = _core.sort_chunks_call(x, split_sizes, order, probs)
+        if not (x.is_cpu or x.is_cuda):  # (meta tensors: the fake kernel checks them)
+            check_dtypes(arrays)
+        else:
+            _core.SORT_CHUNKS.prepare(arrays, {**scalars, "validate": validate})
+            check_all_tensors(arrays)
+        order = list(scalars["order"])
         if not on_device:
-            split_sizes = list(host)
+            split_sizes = list(scalars["host_sizes"])
     if on_device:
         y, probs_y, _ = sort_chunks_device_op(x, split_sizes, order, probs, validate)
     else:

@@ -1,0 +1,117 @@
+"""The direct route: an op's implementation on its checked plan, without the dispatcher.
+
+Taken only when torch would do nothing else with the call (:mod:`._route`). On CUDA tensors
+with ``validate=False`` a call whose key was recorded replays its recording
+(:mod:`._replay`), and the second call of a key is recorded; any other call runs the core on
+the tensors (:func:`._ops.run_on_tensors`), exactly as the custom op's implementation does.
+"""
+
+import torch
+
+from .. import _core
+from . import _replay
+from ._bridge import check_dtypes
+from .._contract_backward import PermuteBackwardArrays, UnpermuteBackwardArrays
+from ._ops import run_on_tensors
+
+
+def check_all_tensors(arrays):
+    """With one torch tensor among the arrays, every array must be one (the custom ops take
+    tensors only; mixing kinds would leave the outputs' kind undefined), of a dtype moe-numba
+    serves."""
+    named = {name: x for name, x in arrays._asdict().items() if x is not None}
+    tensor = next(name for name, x in named.items() if isinstance(x, torch.Tensor))
+    for name, x in named.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"{tensor} is a torch.Tensor but {name} is a "
+                f"{type(x).__module__}.{type(x).__name__}: pass every array as a torch tensor "
+                "(on one device), or none"
+            )
+    check_dtypes(arrays)
+
+
+def _replayable(arrays, validate):
+    """Whether a call may be recorded for a replay: on CUDA tensors, with
+    ``validate=False``."""
+    like = next(x for x in arrays if x is not None)
+    return validate is False and like.is_cuda
+
+
+def planned_permute(arrays, scalars, tokens_per_expert):
+    """(backend, plan) of a permute on tensors, checked as for every array kind."""
+    backend, plan = _core.planned_permute(arrays, scalars, tokens_per_expert)
+    check_all_tensors(arrays)
+    return backend, plan
+
+
+def planned_unpermute(arrays, scalars):
+    """(backend, plan) of an unpermute on tensors, checked as for every array kind."""
+    backend, plan = _core.planned_unpermute(arrays, scalars)
+    check_all_tensors(arrays)
+    return backend, plan
+
+
+def permute(backend, plan, arrays, scalars, tokens_per_expert):
+    """The op's outputs (``expert_indices`` last, empty unless asked for) of a checked
+    permute."""
+    validate = scalars["validate"]
+    if _replayable(arrays, validate):
+        outputs = _replay.PERMUTE.run(backend, plan, arrays, scalars, tokens_per_expert)
+    else:
+        outputs = run_on_tensors(_core.run_permute, backend, plan, arrays, validate)
+    if scalars["return_expert_indices"]:
+        return outputs
+    return (*outputs, arrays.hidden_states.new_empty((0,), dtype=torch.int32))
+
+
+def unpermute(backend, plan, arrays, scalars):
+    """The outputs of a checked unpermute."""
+    validate = scalars["validate"]
+    if _replayable(arrays, validate):
+        return _replay.UNPERMUTE.run(backend, plan, arrays, scalars)
+    return run_on_tensors(_core.run_unpermute, backend, plan, arrays, validate)
+
+
+def permute_backward(arrays, values):
+    """``moe_permute_backward``'s outputs (None for an absent gradient) on tensors."""
+    outputs = _replay.PERMUTE_BACKWARD(arrays, values)
+    if outputs is not None:
+        return outputs
+    scalars = dict(zip(_core.PERMUTE_BACKWARD_SCALARS, values, strict=True))
+    backend, plan = _core.planned_permute_backward(arrays, scalars)
+    check_all_tensors(arrays)
+    validate = scalars["validate"]
+    if plan.computes and _replayable(arrays, validate):
+        return _replay.PERMUTE_BACKWARD.run(backend, plan, arrays, scalars)
+    return run_on_tensors(_core.run_permute_backward, backend, plan, arrays, validate)
+
+
+def unpermute_backward(arrays, values):
+    """``moe_unpermute_backward``'s outputs (None for an absent gradient) on tensors."""
+    outputs = _replay.UNPERMUTE_BACKWARD(arrays, values)
+    if outputs is not None:
+        return outputs
+    scalars = dict(zip(_core.UNPERMUTE_BACKWARD_SCALARS, values, strict=True))
+    backend, plan = _core.planned_unpermute_backward(arrays, scalars)
+    check_all_tensors(arrays)
+    validate = scalars["validate"]
+    if plan.computes and _replayable(arrays, validate):
+        return _replay.UNPERMUTE_BACKWARD.run(backend, plan, arrays, scalars)
+    return run_on_tensors(_core.run_unpermute_backward, backend, plan, arrays, validate)
+
+
+# the backward ops' signatures (what _autograd's Functions call when autograd does not record
+# the backward)
+
+
+def permute_backward_of(grad_rows, grad_probs, rowmap, routemap, validate):
+    """:func:`permute_backward` with ``moe_numba::permute_backward``'s arguments."""
+    arrays = PermuteBackwardArrays(grad_rows, grad_probs, rowmap, routemap)
+    return permute_backward(arrays, (validate,))
+
+
+def unpermute_backward_of(grad_out, grad_slots, rows, rowmap, routemap, probs, *values):
+    """:func:`unpermute_backward` with ``moe_numba::unpermute_backward``'s arguments."""
+    arrays = UnpermuteBackwardArrays(grad_out, grad_slots, rows, rowmap, routemap, probs)
+    return unpermute_backward(arrays, values)

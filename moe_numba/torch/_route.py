@@ -1,0 +1,48 @@
+"""The one decision of the torch path: may a call skip torch's dispatcher?
+
+Every call with torch tensors can run as the registered custom op
+(``torch.ops.moe_numba.*``): torch then sees it, and every transform (``jit.trace``,
+``make_fx``, ``torch.export``, ``torch.compile``, ``torch.func``, forward-mode AD, fake and
+meta tensors, dispatch and function modes) records, traces or refuses it as it does any op.
+The custom op costs host time, so a call skips the dispatcher, and runs the op's
+implementation directly (:mod:`._calls`), only when torch would do nothing else with it. That
+is read from torch's own state, not from a list of transforms:
+
+- the thread's dispatch keys are those of plain eager execution: no functorch layer
+  (``vmap``, ``grad``, ``jvp``), no Python dispatch mode (``make_fx``, fake tensor mode,
+  any ``TorchDispatchMode``), no ``jit.trace`` tracer, nor any key a future transform adds;
+- no ``__torch_function__`` mode is active (``set_default_device``, ``TorchFunctionMode``);
+- no forward-mode AD level is open (dual tensors carry tangents the op must see);
+- dynamo is not tracing the call (``torch.compiler.is_compiling``);
+- every tensor is a plain ``torch.Tensor`` (no subclass: fake, functional and user tensor
+  subclasses dispatch themselves) on the CPU or a CUDA device.
+
+Autograd recording (grad mode with an input that requires a gradient) does not need the
+dispatcher: a direct call is recorded through a ``torch.autograd.Function`` made of the same
+functions as the op's registered autograd (:mod:`._autograd`).
+"""
+
+import torch
+from torch.autograd import forward_ad
+
+_Tensor = torch.Tensor
+_include = torch._C._dispatch_tls_local_include_set
+# the keys a thread has in plain eager execution (inference mode has fewer)
+_EAGER_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.BackendSelect).add(
+    torch._C.DispatchKey.ADInplaceOrView
+)
+_function_mode = torch._C._is_torch_function_mode_enabled
+_compiling = torch.compiler.is_compiling
+
+
+def direct(arrays):
+    """Whether a call on ``arrays`` (tensors or None) may skip the dispatcher: torch would do
+    nothing else with it (see the module docstring)."""
+    if (_include() | _EAGER_KEYS) != _EAGER_KEYS:
+        return False
+    if _function_mode() or forward_ad._current_level >= 0 or _compiling():
+        return False
+    for x in arrays:
+        if x is not None and (type(x) is not _Tensor or not (x.is_cuda or x.is_cpu)):
+            return False
+    return True
