@@ -5,7 +5,7 @@ objects, changed counts and counts of another type each get their own, right, pl
 import numpy as np
 import pytest
 
-from moe_numba import _api
+from moe_numba import _core
 from moe_numba._capacities import with_capacities
 from moe_numba._contract import PermuteArrays
 
@@ -13,8 +13,8 @@ from moe_numba._contract import PermuteArrays
 def _plan(num_experts=3, alignment=2):
     x = np.zeros((4, 2), np.float32)
     arrays = PermuteArrays(x, None, np.zeros((4, 1), np.int32), np.zeros((4, 1), np.float32))
-    scalars = _api.permute_scalars(num_experts, alignment, True, False, False, -1, True)
-    return _api._prepare(_api._permute_calls, arrays, scalars, _api.check_permute_metadata)[1]
+    scalars = _core.permute_scalars(num_experts, alignment, True, False, False, -1, True)
+    return _core.PERMUTE.prepare(arrays, scalars)[1]
 
 
 def test_counts_decide_the_rows():

@@ -14,8 +14,8 @@ import moe_cpu
 from _backends import examples
 from _cases import FLOAT8, HIDDEN_DTYPES, assert_same_bits, random_bits
 from moe_numba import _abi, _oracle, moe_sort_chunks
-from moe_numba._api_sort import sort_chunks_arrays
 from moe_numba._contract_sort import inverse_order
+from moe_numba._core import sort_chunks as sort_chunks_arrays
 
 DTYPES = [*HIDDEN_DTYPES, np.int8, np.int32, np.int64, np.uint16, np.float64, np.bool_]
 

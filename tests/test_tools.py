@@ -22,8 +22,11 @@ def test_tool_imports(name, monkeypatch):
 
 
 def test_forget_replays_clears_every_op(monkeypatch):
-    """What the tools call between settings: every registered op's ``clear``."""
-    from moe_numba import _api
+    """What the tools call between settings: every replayed op's ``clear`` (the compiled
+    replays, or their stand-ins where the extension is not built); that a cleared key records
+    anew is checked on a GPU, in test_torch_replay."""
+    pytest.importorskip("torch")
+    from moe_numba.torch import _replay
 
     cleared = []
 
@@ -34,19 +37,15 @@ def test_forget_replays_clears_every_op(monkeypatch):
         def clear(self):
             cleared.append(self.name)
 
-    monkeypatch.setattr(_api, "REPLAYS", {"a": Op("a"), "b": Op("b")})
-    _api.forget_replays()
+    monkeypatch.setattr(_replay, "OPS", (Op("a"), Op("b")))
+    _replay.forget()
     assert sorted(cleared) == ["a", "b"]
 
 
-def test_the_registered_replays_can_be_cleared():
-    """Every registered op has ``clear`` (the compiled replays, or their stand-ins where the
-    extension is not built); that a cleared key records anew is checked on a GPU, in
-    test_torch_replay."""
+def test_the_replayed_ops_can_be_cleared():
     pytest.importorskip("torch")
-    from moe_numba import _api
     from moe_numba.torch import _replay
 
-    assert _api.REPLAYS["permute"] is _replay.PERMUTE
-    for op in _api.REPLAYS.values():
+    assert _replay.PERMUTE in _replay.OPS and len(_replay.OPS) == 4
+    for op in _replay.OPS:
         op.clear()

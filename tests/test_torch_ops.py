@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from _torch_cases import DEVICES, assert_same_bits, routing, to_numpy, to_torch, torch
-from moe_numba import _api, moe_permute, moe_unpermute
+from moe_numba import _core, moe_permute, moe_unpermute
 from moe_numba.torch import _bridge, _calls, _ops
 from test_errors import PERMUTE_ERRORS, UNPERMUTE_ERRORS, permute_defaults, unpermute_defaults
 
@@ -112,8 +112,8 @@ def test_cpu_tensors_cross_as_views_and_outputs_come_from_torch(monkeypatch):
             made.append(self.tensor(view))
             return view
 
-    monkeypatch.setattr(_api, "run_permute", spy("permute", _api.run_permute))
-    monkeypatch.setattr(_api, "run_unpermute", spy("unpermute", _api.run_unpermute))
+    monkeypatch.setattr(_core, "run_permute", spy("permute", _core.run_permute))
+    monkeypatch.setattr(_core, "run_unpermute", spy("unpermute", _core.run_unpermute))
     monkeypatch.setattr(_ops, "TorchAllocator", Allocator)
     _, args = _numpy_and_torch(routing(5, dtype=ml_dtypes.bfloat16), "cpu")
     outputs = moe_permute(**args, return_expert_indices=True)

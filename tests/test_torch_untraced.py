@@ -11,7 +11,7 @@ import pytest
 
 from _torch_cases import DEVICES, assert_same_bits, routing, to_torch, torch  # noqa: F401
 from moe_numba import moe_permute, moe_unpermute
-from moe_numba.torch import _ops
+from moe_numba.torch import _direct, _ops
 
 
 class _Counting:
@@ -38,12 +38,12 @@ def test_untraced_calls_skip_the_custom_op(device, monkeypatch):
     case, x, routes, probs = _tensors(3, device)
     counts, num_experts = case["tokens_per_expert"], case["num_experts"]
     permute, unpermute = _Counting(_ops.permute), _Counting(_ops.unpermute)
-    planned_permute = _Counting(_ops.permute_planned)
-    planned_unpermute = _Counting(_ops.unpermute_planned)
+    planned_permute = _Counting(_direct.planned_permute)
+    planned_unpermute = _Counting(_direct.planned_unpermute)
     monkeypatch.setattr(_ops, "permute", permute)
     monkeypatch.setattr(_ops, "unpermute", unpermute)
-    monkeypatch.setattr(_ops, "permute_planned", planned_permute)
-    monkeypatch.setattr(_ops, "unpermute_planned", planned_unpermute)
+    monkeypatch.setattr(_direct, "planned_permute", planned_permute)
+    monkeypatch.setattr(_direct, "planned_unpermute", planned_unpermute)
 
     plain = moe_permute(x, None, routes, probs, num_experts, counts, case["padding_alignment"])
     y_plain, _ = moe_unpermute(plain[0], plain[1], routes, plain[2], x.shape[0], num_experts)
@@ -58,8 +58,8 @@ def test_untraced_calls_skip_the_custom_op(device, monkeypatch):
     )
     assert (permute.calls, unpermute.calls) == (0, 0)
     assert (planned_permute.calls, planned_unpermute.calls) == (2, 2)
-    assert type(recorded[0].grad_fn).__name__ == "EagerPermuteBackward"
-    assert type(y_recorded.grad_fn).__name__ == "EagerUnpermuteBackward"
+    assert type(recorded[0].grad_fn).__name__ == "DirectPermuteBackward"
+    assert type(y_recorded.grad_fn).__name__ == "DirectUnpermuteBackward"
     for a, b in zip(plain, recorded, strict=True):
         assert_same_bits(b.detach(), a)
     assert_same_bits(y_recorded.detach(), y_plain)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 import moe_numba
-from moe_numba import _api, _gpu
+from moe_numba import _core, _gpu
 from moe_numba._capacities import with_capacities
 from moe_numba._contract import PermuteArrays
 from moe_numba._dispatch import call_key
@@ -119,8 +119,8 @@ def operations(T, A, x, routes, probs, counts, permuted, dy):
 def pieces(A, x, routes, probs, counts):
     """The pieces of a permute call (T of ``x``), and a few torch calls to compare with."""
     arrays = PermuteArrays(x, None, routes, probs)
-    scalars = _api.permute_scalars(E, A, True, False, False, -1, False)
-    _, plan = _api.planned_permute(arrays, scalars, counts)
+    scalars = _core.permute_scalars(E, A, True, False, False, -1, False)
+    _, plan = _core.planned_permute(arrays, scalars, counts)
     backend = _gpu.gpu_backend()
     call = _gpu._Call(x)
     flag = torch.zeros(4, dtype=torch.int32, device=DEVICE)
@@ -128,7 +128,7 @@ def pieces(A, x, routes, probs, counts):
     hold, hold_args = HOLD.get(NoKey()), HOLD.args({"flag": flag.data_ptr(), "spins": 0})
     return {
         "call_key": lambda: call_key(arrays, scalars.values()),
-        "planned_permute": lambda: _api.planned_permute(arrays, scalars, counts),
+        "planned_permute": lambda: _core.planned_permute(arrays, scalars, counts),
         "with_capacities (a new plan)": lambda: with_capacities(
             plan._replace(capacities=None, num_rows=-1), counts
         ),

@@ -21,10 +21,11 @@ import numpy as np
 import torch
 
 import moe_numba
-from moe_numba import _api, _oracle
+from moe_numba import _oracle
 from moe_numba._transfer import to_device, to_host
 from moe_numba.kernels import count_gather
 from moe_numba.kernels import permute as PM
+from moe_numba.torch import _replay
 
 
 def _routes(rng, T, K, E, bad=False):
@@ -144,7 +145,7 @@ def one_kernel(slots):
     non-zero) with no launch plans or replays of another setting left."""
     PM.ONE_KERNEL_SLOTS = slots
     PM._LAUNCHES.clear()
-    _api.forget_replays()
+    _replay.forget()
 
 
 def main():

@@ -23,9 +23,9 @@ import sys
 import torch
 
 import moe_numba
-from moe_numba import _api
 from moe_numba.kernels import permute as PM
 from moe_numba.kernels import unpermute as UP
+from moe_numba.torch import _replay
 
 DEVICE = torch.device("cuda", 0)
 H, K, E = 7168, 8, 64
@@ -112,7 +112,7 @@ def sweep(label, module, name, settings, shapes, ops, plans=None):
 def _forget(plans):
     """Drop the launch plans of ``plans`` and every replay: both depend on the setting."""
     plans._LAUNCHES.clear()
-    _api.forget_replays()
+    _replay.forget()
 
 
 def main(names):

@@ -25,13 +25,14 @@ kernels run the same checks on traced tensors.
 import torch
 
 from .. import _core
-from . import _direct, _ops, _replay, _sort_chunks
 from .._capacities import capacities_from
+from . import _direct, _ops, _replay, _sort_chunks
 from ._autograd import DirectPermute, DirectUnpermute
 from ._direct import check_all_tensors
 from ._route import direct
 
 _grad_enabled = torch.is_grad_enabled
+_Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
 
 
@@ -42,7 +43,7 @@ def _recorded(arrays, differentiable):
         return False
     for i in differentiable:
         x = arrays[i]
-        if x is not None and x.requires_grad:
+        if type(x) is _Tensor and x.requires_grad:  # (the direct route's tensors are plain)
             return True
     return False
 
@@ -109,7 +110,9 @@ def unpermute(arrays, values):
 
 def _absent_to_none(outputs, arrays, present):
     """The gradient op's outputs with None for each gradient that was not asked for."""
-    return tuple(out if arrays[i] is not None else None for out, i in zip(outputs, present))
+    return tuple(
+        out if arrays[i] is not None else None for out, i in zip(outputs, present, strict=True)
+    )
 
 
 def permute_backward(arrays, values):

@@ -9,9 +9,9 @@ the tensors (:func:`._ops.run_on_tensors`), exactly as the custom op's implement
 import torch
 
 from .. import _core
+from .._contract_backward import PermuteBackwardArrays, UnpermuteBackwardArrays
 from . import _replay
 from ._bridge import check_dtypes
-from .._contract_backward import PermuteBackwardArrays, UnpermuteBackwardArrays
 from ._ops import run_on_tensors
 
 

@@ -34,8 +34,6 @@ captured either: the full path keeps a graph's capacities for good
 
 from __future__ import annotations
 
-import torch
-
 from .. import _core
 
 try:  # (built with the C launcher: without it nothing is recorded)

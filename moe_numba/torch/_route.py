@@ -15,7 +15,8 @@ is read from torch's own state, not from a list of transforms:
 - no forward-mode AD level is open (dual tensors carry tangents the op must see);
 - dynamo is not tracing the call (``torch.compiler.is_compiling``);
 - every tensor is a plain ``torch.Tensor`` (no subclass: fake, functional and user tensor
-  subclasses dispatch themselves) on the CPU or a CUDA device.
+  subclasses dispatch themselves) on the CPU or a CUDA device. Arguments that are not
+  tensors are no concern of torch's: the direct route refuses them with the core's errors.
 
 Autograd recording (grad mode with an input that requires a gradient) does not need the
 dispatcher: a direct call is recorded through a ``torch.autograd.Function`` made of the same
@@ -43,6 +44,9 @@ def direct(arrays):
     if _function_mode() or forward_ad._current_level >= 0 or _compiling():
         return False
     for x in arrays:
-        if x is not None and (type(x) is not _Tensor or not (x.is_cuda or x.is_cpu)):
+        if type(x) is _Tensor:
+            if not (x.is_cuda or x.is_cpu):
+                return False
+        elif isinstance(x, _Tensor):
             return False
     return True

@@ -167,7 +167,7 @@ def sort_chunks(x, split_sizes, order, probs, *, validate):
     on_device = isinstance(split_sizes, Tensor) and split_sizes.device.type != "cpu"
     if not torch.compiler.is_compiling():
         arrays, scalars = _core.sort_chunks_call(x, split_sizes, order, probs)
-        if not (x.is_cpu or x.is_cuda):  # (meta tensors: the fake kernel checks them)
+        if isinstance(x, Tensor) and not (x.is_cpu or x.is_cuda):  # (meta: the fake kernel)
             check_dtypes(arrays)
         else:
             _core.SORT_CHUNKS.prepare(arrays, {**scalars, "validate": validate})
