@@ -54,7 +54,7 @@ def check_dtypes(arrays):
     ``TypeError`` naming the argument and its dtype otherwise (torch has dtypes that NumPy and
     the kernels know nothing of, e.g. ``float8_e4m3fnuz``)."""
     for name, x in zip(arrays._fields, arrays, strict=True):
-        if x is not None and x.dtype not in NUMPY_OF_TORCH:
+        if isinstance(x, torch.Tensor) and x.dtype not in NUMPY_OF_TORCH:
             served = ", ".join(sorted(str(d) for d in NUMPY_OF_TORCH))
             raise TypeError(
                 f"{name} has dtype {x.dtype}, which moe-numba does not serve (served: {served})"

@@ -29,7 +29,7 @@ from .._capacities import capacities_from
 from . import _direct, _ops, _replay, _sort_chunks
 from ._autograd import DirectPermute, DirectUnpermute
 from ._direct import check_all_tensors
-from ._route import direct
+from ._route import direct, refuse_unsupported
 
 _grad_enabled = torch.is_grad_enabled
 _Tensor = torch.Tensor
@@ -67,6 +67,7 @@ def permute(arrays, values, tokens_per_expert):
         else:
             outputs = _direct.permute(backend, plan, arrays, scalars, tokens_per_expert)
     else:
+        refuse_unsupported("moe_permute", arrays)
         check_all_tensors(arrays)
         capacities = None
         if not _compiling() and values[5] < 0:  # (the schema takes a list of ints)
@@ -104,6 +105,7 @@ def unpermute(arrays, values):
         if recorded:
             return DirectUnpermute.apply(backend, plan, *arrays, *values)
         return _direct.unpermute(backend, plan, arrays, scalars)
+    refuse_unsupported("moe_unpermute", arrays)
     check_all_tensors(arrays)
     return _ops.unpermute(*arrays, *values)
 
@@ -119,6 +121,7 @@ def permute_backward(arrays, values):
     """:func:`moe_numba.moe_permute_backward` on torch tensors."""
     if direct(arrays) and not _recorded(arrays, (0, 1)):
         return _direct.permute_backward(arrays, values)
+    refuse_unsupported("moe_permute_backward", arrays)
     check_all_tensors(arrays)
     if arrays[0] is None and arrays[1] is None:
         return None, None
@@ -129,6 +132,7 @@ def unpermute_backward(arrays, values):
     """:func:`moe_numba.moe_unpermute_backward` on torch tensors."""
     if direct(arrays) and not _recorded(arrays, (0, 1, 2, 5)):
         return _direct.unpermute_backward(arrays, values)
+    refuse_unsupported("moe_unpermute_backward", arrays)
     check_all_tensors(arrays)
     grad_out, grad_slots = arrays[0], arrays[1]
     if grad_out is None and grad_slots is None:

@@ -40,6 +40,7 @@ def _replayable(arrays, validate):
 
 def planned_permute(arrays, scalars, tokens_per_expert):
     """(backend, plan) of a permute on tensors, checked as for every array kind."""
+    check_dtypes(arrays)
     backend, plan = _core.planned_permute(arrays, scalars, tokens_per_expert)
     check_all_tensors(arrays)
     return backend, plan
@@ -47,6 +48,7 @@ def planned_permute(arrays, scalars, tokens_per_expert):
 
 def planned_unpermute(arrays, scalars):
     """(backend, plan) of an unpermute on tensors, checked as for every array kind."""
+    check_dtypes(arrays)
     backend, plan = _core.planned_unpermute(arrays, scalars)
     check_all_tensors(arrays)
     return backend, plan
@@ -79,6 +81,7 @@ def permute_backward(arrays, values):
     if outputs is not None:
         return outputs
     scalars = dict(zip(_core.PERMUTE_BACKWARD_SCALARS, values, strict=True))
+    check_dtypes(arrays)
     backend, plan = _core.planned_permute_backward(arrays, scalars)
     check_all_tensors(arrays)
     validate = scalars["validate"]
@@ -93,6 +96,7 @@ def unpermute_backward(arrays, values):
     if outputs is not None:
         return outputs
     scalars = dict(zip(_core.UNPERMUTE_BACKWARD_SCALARS, values, strict=True))
+    check_dtypes(arrays)
     backend, plan = _core.planned_unpermute_backward(arrays, scalars)
     check_all_tensors(arrays)
     validate = scalars["validate"]

@@ -24,6 +24,7 @@ functions as the op's registered autograd (:mod:`._autograd`).
 """
 
 import torch
+from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 from torch.autograd import forward_ad
 
 _Tensor = torch.Tensor
@@ -34,6 +35,8 @@ _EAGER_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.BackendSelect).add(
 )
 _function_mode = torch._C._is_torch_function_mode_enabled
 _compiling = torch.compiler.is_compiling
+_functorch_interpreters = retrieve_all_functorch_interpreters
+_TRANSFORM = torch._C._functorch.TransformType
 
 
 def direct(arrays):
@@ -50,3 +53,30 @@ def direct(arrays):
         elif isinstance(x, _Tensor):
             return False
     return True
+
+
+def refuse_unsupported(name, arrays):
+    """Raise ``NotImplementedError`` naming the transform and ``name`` (the public function)
+    when a transform the custom ops cannot serve is active for a call on ``arrays``: their
+    gradients are reverse-mode autograd formulas, which ``torch.func``'s ``grad`` and
+    ``jvp`` and forward-mode AD do not use (without this, forward AD would silently give no
+    tangent)."""
+    if _compiling():  # (dynamo traces the op itself; these lookups would break its graph)
+        return
+    transform = None
+    for interpreter in _functorch_interpreters():
+        key = interpreter.key()
+        if key == _TRANSFORM.Grad:
+            transform = "torch.func.grad (or vjp, jacrev)"
+        elif key == _TRANSFORM.Jvp:
+            transform = "torch.func.jvp (or jacfwd)"
+    if transform is None and forward_ad._current_level >= 0:
+        for x in arrays:
+            if isinstance(x, _Tensor) and forward_ad.unpack_dual(x).tangent is not None:
+                transform = "forward-mode AD (torch.autograd.forward_ad)"
+    if transform is not None:
+        raise NotImplementedError(
+            f"{name} does not support {transform}: its torch custom op has reverse-mode "
+            "gradients only (loss.backward() and torch.autograd.grad, create_graph=True "
+            "included); compute the gradient with torch.autograd instead"
+        )

@@ -24,6 +24,7 @@ from .._contract_sort import SortArrays, check_sort_metadata, inverse_order
 from ._bridge import TorchAllocator, check_dtypes, metadata, to_numpy
 from ._direct import check_all_tensors
 from ._ops import _absent, _concrete, _on_cpu
+from ._route import refuse_unsupported
 
 
 def _run(x, split_sizes, order, probs, validate):
@@ -164,6 +165,7 @@ def sort_chunks(x, split_sizes, order, probs, *, validate):
     In eager mode the call's metadata is checked first, with the errors of every other array
     kind; a CPU tensor of sizes counts as a host sequence.
     """
+    refuse_unsupported("moe_sort_chunks", (x, probs))
     on_device = isinstance(split_sizes, Tensor) and split_sizes.device.type != "cpu"
     if not torch.compiler.is_compiling():
         arrays, scalars = _core.sort_chunks_call(x, split_sizes, order, probs)
