@@ -156,7 +156,13 @@ def _rows_needed(capacities, alignment):
     return padded_rows(capacities.tolist(), alignment)
 
 
+def padded(count, alignment):
+    """The contract's padding rule: ``ceil(n / A) * A`` rows for an expert of ``n`` >= 0
+    tokens; exact for Python ints (and traced ones, torch.compile's), element-wise for
+    NumPy integer arrays."""
+    return -(-count // alignment) * alignment
+
+
 def padded_rows(counts, alignment):
-    """``sum_e ceil(n_e / A) * A`` of ints ``n_e`` >= 0, exact; Python ints, or traced ones
-    (torch.compile's)."""
-    return alignment * sum(-(-n // alignment) for n in counts)
+    """``sum_e ceil(n_e / A) * A`` of ints ``n_e`` >= 0 (:func:`padded`, summed), exact."""
+    return sum(padded(n, alignment) for n in counts)

@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from . import _abi
+from ._capacities import padded
 
 _CANONICAL_NAN_BITS = {
     np.dtype(np.float32): (np.uint32, _abi.CANONICAL_NAN_FLOAT32),
@@ -41,8 +42,7 @@ def routed_experts(routemap_row, num_experts):
 
 def padded_rows(capacities, padding_alignment):
     """``ceil(n_e / A) * A`` for every expert, as int64."""
-    n = np.asarray(capacities, dtype=np.int64)
-    return -(-n // padding_alignment) * padding_alignment
+    return padded(np.asarray(capacities, dtype=np.int64), padding_alignment)
 
 
 def permute(

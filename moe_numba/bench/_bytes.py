@@ -11,10 +11,9 @@ the same bytes: it reads half of them and writes the other half.
 
 from __future__ import annotations
 
+from .._capacities import padded_rows
 
-def padded_rows(counts, alignment):
-    """R: each expert's token count rounded up to a multiple of ``alignment``, summed."""
-    return sum(-(-n // alignment) * alignment for n in counts)
+__all__ = ["padded_rows", "permute_bytes", "unpermute_bytes"]
 
 
 def permute_bytes(case, counts):
