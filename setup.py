@@ -101,10 +101,10 @@ extensions = [
         ("_sort_chunks", ["_common.pxd", "_parallel.pxd"]),
     ]
 ]
-# the GPU launch path's C half (moe_numba.kernels._driver_c) and the torch replays' compiled
+# the GPU launch path's C half (moe_numba.runtime._driver_c) and the torch replays' compiled
 # half (moe_numba.torch._replay_c): no OpenMP, no libcuda at link time (the driver's
 # functions come from the ctypes handle at run time)
-for module in ("moe_numba.kernels._driver_c", "moe_numba.torch._replay_c"):
+for module in ("moe_numba.runtime._driver_c", "moe_numba.torch._replay_c"):
     source = module.replace(".", "/") + ".pyx"
     extensions.append(Extension(module, [source], depends=[source], extra_compile_args=["-O2"]))
 

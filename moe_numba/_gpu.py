@@ -14,8 +14,8 @@ from ._contract_sort import sort_outputs
 from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError
 from ._libraries import array_library
 from ._outputs import permute_outputs, unpermute_outputs
-from .kernels._buffer import DeviceBuffer
-from .kernels._replay import Address, RecordingLauncher, replay_sequence
+from .runtime._buffer import DeviceBuffer
+from .runtime._recording import Address, RecordingLauncher, replay_sequence
 
 _BACKEND = None
 
@@ -82,15 +82,15 @@ class _Call:
 
 
 class RecordedCall(_Call):
-    """A :class:`_Call` that records what a replay of it needs (:mod:`.kernels._replay`).
+    """A :class:`_Call` that records what a replay of it needs (:mod:`.runtime._recording`).
 
     ``arrays`` are the op's arrays (its NamedTuple). Every address the kernels get is an
-    :class:`~.kernels._replay.Address` of its source: ``arrays[i]`` is source ``i``, the
+    :class:`~.runtime._recording.Address` of its source: ``arrays[i]`` is source ``i``, the
     ``j``-th allocation source ``len(arrays) + j``. A buffer of anything else (a cached
     device copy of capacities) is a constant of the replay, and :attr:`kept` holds it.
     After the call, :meth:`replay` says what to repeat.
 
-    With ``stages``, a permute's capacities are staged (:mod:`.kernels._staged`), and the
+    With ``stages``, a permute's capacities are staged (:mod:`.runtime._staged`), and the
     staged block is the value after the allocations: its replays stage the counts of each
     call. Without it, a call that stages is refused (its block would be a constant).
     """
@@ -129,7 +129,7 @@ class RecordedCall(_Call):
 
     def replay(self, result):
         """``(sequence, kernel names, outputs)`` of the call, or None where it cannot be
-        replayed: ``sequence`` as :func:`.kernels._replay.replay_sequence` gives it, and
+        replayed: ``sequence`` as :func:`.runtime._recording.replay_sequence` gives it, and
         per element of ``result`` (the op's returned arrays, None where it returns none)
         the index of its allocation, or -1 for None.
 
@@ -156,14 +156,8 @@ class RecordedCall(_Call):
 
 class _GPUBackend:
     def __init__(self):
-        from .kernels import (
-            _staged,
-            permute,
-            permute_backward,
-            sort_chunks,
-            unpermute,
-            unpermute_backward,
-        )
+        from .kernels import permute, permute_backward, sort_chunks, unpermute, unpermute_backward
+        from .runtime import _staged
 
         self._permute = permute
         self._unpermute = unpermute
@@ -183,7 +177,7 @@ class _GPUBackend:
         The kernels only read it, so a copy can serve every later call with the same values
         (fixed capacities are common in serving). A call on a stream being captured
         (``capturing``) gets pinned host words kept for good instead
-        (:func:`.kernels._staged.kept_words`): a CUDA graph reads them at every replay,
+        (:func:`.runtime._staged.kept_words`): a CUDA graph reads them at every replay,
         after a cached copy may have been dropped and its memory reused.
         """
         if capturing:
@@ -201,7 +195,7 @@ class _GPUBackend:
     def _permute_capacities(self, call, capacities, stream):
         """A permute's ``tokens_per_expert``: ``(device copy, None)`` for values met before,
         or ``(None, capacities)`` for values met for the first time, which the kernels then
-        read from pinned host memory (:mod:`.kernels._staged`): the new counts of a training
+        read from pinned host memory (:mod:`.runtime._staged`): the new counts of a training
         step cost no upload, and repeated ones (fixed capacities) get a device copy from
         their second call on; a call that ``call.stages`` stages them anyway. A stream being
         captured is never staged: a graph would read the host block again at every replay,

@@ -223,7 +223,7 @@ def nccl_worker(rank, ranks, port, queue):
     bit, and its host synchronisations counted (one read per forward, none backward)."""
     import warnings
 
-    from moe_numba.kernels import _status
+    from moe_numba.runtime import _status
     from moe_numba.torch._distributed_bench import join_local_group
 
     try:

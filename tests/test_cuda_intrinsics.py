@@ -80,7 +80,7 @@ def test_hold_waits_for_the_host_or_times_out(go, spins, timed_out):
     its spins when not."""
     from moe_numba.bench._hold import HOLD
     from moe_numba.kernels._family import NoKey
-    from moe_numba.kernels._launch import Launcher
+    from moe_numba.runtime._launch import Launcher
 
     flag = np.array([go, 0], np.int32)
     Launcher(None)(HOLD.get(NoKey()), 1, 32, HOLD.args({"flag": flag, "spins": spins}))

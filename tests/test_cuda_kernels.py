@@ -255,7 +255,7 @@ def test_permute_malformed_routing_and_capacities(monkeypatch):
 
 
 def test_permute_capacities_met_first_are_staged_then_copied(monkeypatch):
-    """Capacities met for the first time are read from host words (kernels._staged); from
+    """Capacities met for the first time are read from host words (runtime._staged); from
     their second call on from a device copy, and on a stream being captured from host words
     kept for good. Every call matches the oracle (run_permute calls the backend three
     times: validate on, then off with and without count_gather)."""

@@ -154,7 +154,7 @@ def test_cuda_arrays_without_numba_cuda_name_the_extra(monkeypatch):
 
 
 def test_missing_cuda_compiler_libraries_name_the_extra():
-    from moe_numba.kernels._launch import RawKernel
+    from moe_numba.runtime._launch import RawKernel
 
     class NvvmSupportError(Exception):
         pass

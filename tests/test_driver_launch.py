@@ -11,7 +11,7 @@ import ctypes
 
 import pytest
 
-from moe_numba.kernels import _driver, _driver_c
+from moe_numba.runtime import _driver, _driver_c
 
 # how the launcher packs and calls: ctypes, or the C extension (built with the package)
 _PACKERS = pytest.mark.parametrize("c", [None, _driver_c], ids=["ctypes", "c"])
@@ -138,7 +138,7 @@ def test_too_many_parameters_are_refused(c):
 def test_the_launcher_passes_kernel_geometry_stream_and_dependence(monkeypatch):
     """``_launch.Launcher`` on the driver path: the kernel's handle for the current device,
     a configuration with the call's stream, the dependence where the device has it."""
-    from moe_numba.kernels import _launch
+    from moe_numba.runtime import _launch
 
     if _launch.SIM:
         pytest.skip("the simulator calls kernels directly")
@@ -179,7 +179,7 @@ class _Kernel:
 
 
 def _sequence():
-    from moe_numba.kernels._sequence import LaunchSequence, Step
+    from moe_numba.runtime._sequence import LaunchSequence, Step
 
     steps = [
         Step(_Kernel("a"), _Family("a", ("x", "n", "y")), (3, 2), 64),
@@ -191,7 +191,7 @@ def _sequence():
 @_PACKERS
 @pytest.mark.parametrize("overlap", [True, False])
 def test_a_sequence_fills_each_template_with_the_call_values(monkeypatch, c, overlap):
-    from moe_numba.kernels import _launch
+    from moe_numba.runtime import _launch
 
     if _launch.SIM:
         pytest.skip("the simulator calls kernels directly")
@@ -226,7 +226,7 @@ def test_a_sequence_fills_each_template_with_the_call_values(monkeypatch, c, ove
 
 @_PACKERS
 def test_a_failed_launch_in_a_sequence_names_its_kernel_and_stops_it(monkeypatch, c):
-    from moe_numba.kernels import _launch
+    from moe_numba.runtime import _launch
 
     if _launch.SIM:
         pytest.skip("the simulator calls kernels directly")
@@ -239,7 +239,7 @@ def test_a_failed_launch_in_a_sequence_names_its_kernel_and_stops_it(monkeypatch
 
 
 def test_a_sequence_refuses_a_parameter_neither_given_nor_planned():
-    from moe_numba.kernels._sequence import LaunchSequence, Step
+    from moe_numba.runtime._sequence import LaunchSequence, Step
 
     step = Step(_Kernel("k"), _Family("k", ("x", "z")), 1, 32)
     with pytest.raises(TypeError, match=r"k takes \['z'\]: neither given nor planned"):

@@ -223,7 +223,7 @@ def test_status_is_read_only_for_device_sizes_with_validate(backend, monkeypatch
     """One status read for sizes on the device with validate=True (the call's only sync);
     none with validate=False, and none for host sizes (checked before the launch)."""
     _needs_device(backend)
-    from moe_numba.kernels import _status
+    from moe_numba.runtime import _status
 
     reads = []
     original = _status.StatusWords.read

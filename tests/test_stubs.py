@@ -20,9 +20,9 @@ CYTHON_INTERNALS = [
 ]
 # and of a module with a cdef class: its pickling helpers
 C_LAUNCHER_INTERNALS = [
-    r"moe_numba\.kernels\._driver_c\.__test__",
-    r"moe_numba\.kernels\._driver_c\.__reduce_cython__",
-    r"moe_numba\.kernels\._driver_c\.__setstate_cython__",
+    r"moe_numba\.runtime\._driver_c\.__test__",
+    r"moe_numba\.runtime\._driver_c\.__reduce_cython__",
+    r"moe_numba\.runtime\._driver_c\.__setstate_cython__",
 ]
 
 
@@ -61,7 +61,7 @@ def test_stubs_match_the_extensions(tmp_path):
 
 
 def test_the_c_launcher_stub_matches_it(tmp_path):
-    done = _stubtest(tmp_path, "moe_numba.kernels._driver_c", allow=C_LAUNCHER_INTERNALS)
+    done = _stubtest(tmp_path, "moe_numba.runtime._driver_c", allow=C_LAUNCHER_INTERNALS)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "in 1 module" in done.stdout, done.stdout
 

@@ -31,8 +31,8 @@ from moe_numba._contract import PermuteArrays
 from moe_numba._dispatch import call_key
 from moe_numba._outputs import permute_outputs
 from moe_numba.bench._hold import HOLD
-from moe_numba.kernels import _launch
 from moe_numba.kernels._family import NoKey
+from moe_numba.runtime import _launch
 
 DEVICE = torch.device("cuda", 0)
 H, K, E = 7168, 8, 64

@@ -4,7 +4,7 @@ compared with the other's taken seconds apart, round after round.
 
 Run on a machine with a GPU and torch, from the root of this tree (installed), with the other
 tree's ``moe_numba`` package built in place (its Cython extensions compiled next to their
-sources, e.g. ``cythonize -i -3 moe_numba/kernels/_driver_c.pyx`` there)::
+sources, e.g. ``cythonize -i -3 moe_numba/runtime/_driver_c.pyx`` there)::
 
     python tools/host_time_ab.py OTHER_TREE [ROUNDS]
 

@@ -7,7 +7,7 @@ import importlib.util
 
 import numpy as np
 
-from ..kernels._buffer import DeviceBuffer
+from ..runtime._buffer import DeviceBuffer
 from ._protocol import ML_DTYPE_BITS, has_cuda_array_interface, loaded_type
 
 

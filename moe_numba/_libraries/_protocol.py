@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Protocol
 import ml_dtypes
 import numpy as np
 
-from ..kernels._buffer import DeviceBuffer
+from ..runtime._buffer import DeviceBuffer
 
 # ml_dtypes types that numba and torch's NumPy bridge cannot handle: they travel as these bits
 ML_DTYPE_BITS = {

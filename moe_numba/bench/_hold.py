@@ -17,7 +17,7 @@ from numba import cuda, int32, int64
 
 from ..kernels._family import INT, KernelFamily, NoKey, ptr
 from ..kernels._intrinsics import pause, read_volatile
-from ..kernels._launch import Launcher
+from ..runtime._launch import Launcher
 
 
 def _hold_params(key):

@@ -21,16 +21,15 @@ _intrinsics         every device function that differs between a GPU and the sim
 _primitives         device helpers built on the intrinsics (status words, a warp's search)
 _copy               word widths of row copies and their load/store helpers
 _convert            float32 <-> bfloat16 / float16 bit conversions
-_launch             the raw launcher (``cuda.core.launch``) and ``RawKernel``
-_buffer             ``DeviceBuffer``: what a kernel sees of an array (address and size)
-_status             status words in mapped host memory, and the wait for them
 ==================  ==========================================================================
 
-The host planners take the call's plan and a NamedTuple of :class:`~._buffer.DeviceBuffer`
-(addresses and sizes, never library objects), an ``alloc(nbytes)`` callable for
-stream-ordered scratch memory and a raw ``CUstream`` handle; they enqueue the kernels and
-return without synchronising. Kernels compile lazily, once per variant, and launch through
-``cuda.core.launch`` (see ``_launch``). Importing this package compiles nothing.
+The host planners take the call's plan and a NamedTuple of
+:class:`~moe_numba.runtime._buffer.DeviceBuffer` (addresses and sizes, never library
+objects), an ``alloc(nbytes)`` callable for stream-ordered scratch memory and a raw
+``CUstream`` handle; they enqueue the kernels through the CUDA runtime package
+(:mod:`moe_numba.runtime`: launchers, launch sequences, staged values, status words) and
+return without synchronising. Kernels compile lazily, once per variant. Importing this
+package compiles nothing.
 """
 
 

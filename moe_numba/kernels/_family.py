@@ -25,7 +25,7 @@ from typing import NamedTuple
 from numba import cuda
 from numba.cuda import types
 
-from ._launch import RawKernel
+from ..runtime._launch import RawKernel
 
 INT = types.int64  # every scalar parameter
 INDEX_TYPES = {32: types.int32, 64: types.int64}  # routing map ids, by their bits

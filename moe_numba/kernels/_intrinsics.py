@@ -38,9 +38,9 @@ import functools
 import inspect
 
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 
-SIM = bool(config.ENABLE_CUDASIM)
+from ..runtime._sim import SIM  # noqa: E402  (one reading of the switch)
 
 # Shared scratch one block primitive needs (``tmp``): a word per warp on a GPU, a word per
 # thread in the simulator (whose blocks stay small).

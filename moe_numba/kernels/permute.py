@@ -40,13 +40,13 @@ import numpy as np
 
 from .. import _abi
 from .._cache import BoundedCache
+from ..runtime._buffer import DeviceBuffer, carve
+from ..runtime._launch import launcher_for, optional_arg
+from ..runtime._sequence import LaunchSequence, Step
+from ..runtime._staged import StagedWords
+from ..runtime._status import StatusWords, status_arg
 from . import _copy, count, count_gather, gather
-from ._buffer import DeviceBuffer, carve
 from ._family import RoutingKey
-from ._launch import launcher_for, optional_arg
-from ._sequence import LaunchSequence, Step
-from ._staged import StagedWords
-from ._status import StatusWords, status_arg
 from .count import COUNT
 from .count_gather import COUNT_GATHER
 from .gather import GATHER, GatherKey

@@ -39,13 +39,13 @@ import numpy as np
 from numba import cuda, float32, int64
 
 from .. import _abi
-from ._buffer import DeviceBuffer, carve
+from ..runtime._buffer import DeviceBuffer, carve
+from ..runtime._launch import launcher_for, optional_arg
+from ..runtime._status import StatusWords
 from ._copy import WIDTHS, WORD_DTYPE, WORD_TYPE, word_ops, word_width
 from ._family import INDEX_TYPES, INT, KernelFamily, ptr
 from ._intrinsics import TMP_WORDS, block_exclusive_scan_i64, block_min_i64, device, griddep_wait
-from ._launch import launcher_for, optional_arg
 from ._primitives import BIG, store_found
-from ._status import StatusWords
 
 PLAN_BD = 1024  # most threads of the plan block
 COPY_BD = 128  # most threads of a copy block (and most threads per row)

@@ -27,12 +27,12 @@ import numpy as np
 
 from .. import _abi
 from .._cache import BoundedCache
-from ._buffer import DeviceBuffer, carve
+from ..runtime._buffer import DeviceBuffer, carve
+from ..runtime._launch import launcher_for, optional_arg
+from ..runtime._sequence import LaunchSequence, Step
+from ..runtime._status import StatusWords, status_arg
 from ._copy import WORD_DTYPE, row_parts, word_width
 from ._family import NoKey, RoutingKey
-from ._launch import launcher_for, optional_arg
-from ._sequence import LaunchSequence, Step
-from ._status import StatusWords, status_arg
 from .check import CHECK, INIT
 from .combine import (
     COMBINE,

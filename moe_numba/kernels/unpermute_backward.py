@@ -29,13 +29,13 @@ import numpy as np
 
 from .. import _abi
 from .._cache import BoundedCache
+from ..runtime._buffer import DeviceBuffer, carve
+from ..runtime._launch import launcher_for, optional_arg
+from ..runtime._sequence import LaunchSequence, Step
+from ..runtime._status import StatusWords, status_arg
 from . import scatter
-from ._buffer import DeviceBuffer, carve
 from ._copy import WORD_DTYPE, word_width
 from ._family import NoKey
-from ._launch import launcher_for, optional_arg
-from ._sequence import LaunchSequence, Step
-from ._status import StatusWords, status_arg
 from .combine import ITEMSIZE, widths
 from .owner import CLAIM, COLLIDE
 from .scatter import SCATTER, ScatterKey

@@ -6,7 +6,7 @@ changes while the call's key repeats, so the second call of a key with ``validat
 recorded (:class:`moe_numba._gpu.RecordedCall`) and every later one replays it: it allocates
 the recorded outputs (``new_empty``) and scratch (an address from torch's caching allocator,
 given back after the launches) and hands their addresses and the inputs' to one C launch
-sequence (:mod:`moe_numba.kernels._replay`). The direct route (:mod:`._direct`) asks the
+sequence (:mod:`moe_numba.runtime._recording`). The direct route (:mod:`._direct`) asks the
 op's replays first and records. The key, the lookup and the replay run compiled
 (:mod:`._replay_c`, built with the C launcher; without it nothing is recorded).
 
@@ -23,13 +23,13 @@ another current device.
 A training step passes new capacities every call, so a permute's key met for the first time
 has a second chance: the same key with the capacities' row count in their place (the
 kernels' grids and the outputs' shapes depend on the counts only through it). Such a key's
-recording stages its counts (:mod:`moe_numba.kernels._staged`) and so does each of its
+recording stages its counts (:mod:`moe_numba.runtime._staged`) and so does each of its
 replays, after checking them as the full path does (a list or tuple of ``num_experts`` ints
 >= 0); not while the stream is being captured into a CUDA graph, which would read the
 pinned block at every replay of the graph. A graph may also outlive a replay and the device
 copy of its capacities, so a replay that holds one does not run while the stream is being
 captured either: the full path keeps a graph's capacities for good
-(:func:`moe_numba.kernels._staged.kept_words`).
+(:func:`moe_numba.runtime._staged.kept_words`).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import torch
 from .._cache import BoundedCache
 from .._contract import MAX_ROWS as _MAX_ROWS
 from .._gpu import RecordedCall
-from ..kernels._driver_c import padded_rows
+from ..runtime._driver_c import padded_rows
 
 ctypedef int (*DeviceFn)(int *) noexcept nogil
 
@@ -96,7 +96,7 @@ cdef class Replay:
     cdef uintptr_t _get_device
 
     def __init__(self, call, recorded):
-        from ..kernels import _launch, _staged  # (numba: loaded by the recorded call already)
+        from ..runtime import _launch, _staged  # (numba: loaded by the recorded call already)
 
         driver = _launch._DRIVER
         self._driver = driver

@@ -53,6 +53,8 @@ class RecordingLauncher:
         A ``CUstream`` handle.
     """
 
+    records = True  # (what :func:`._launch.launcher_for` looks for)
+
     def __init__(self, stream):
         launch = _launch_module()
         self._launcher = launch.Launcher(stream)

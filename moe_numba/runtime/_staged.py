@@ -25,8 +25,8 @@ import numpy as np
 
 from . import _launch
 from ._buffer import DeviceBuffer
-from ._intrinsics import SIM
-from ._replay import STAGED, Address, RecordingLauncher
+from ._recording import STAGED, Address, RecordingLauncher
+from ._sim import SIM
 from ._status import HostBlock, driver_call
 
 if not SIM:

@@ -1,6 +1,7 @@
 """A library call's kernel launches, planned once per call key and run by every call.
 
-The kernels of a call take their parameters by name (:class:`._family.KernelFamily`). Most of
+The kernels of a call take their parameters by name
+(:class:`moe_numba.kernels._family.KernelFamily`). Most of
 them follow from the call key (sizes, grids, flags); the rest are the call's own addresses
 (inputs, outputs, scratch). A :class:`LaunchSequence` holds, per launch, the kernel, its
 geometry and its parameters as a template: constants in place, and for each of the call's
@@ -15,7 +16,6 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import NamedTuple
 
-from ._family import KernelFamily
 from ._launch import RawKernel
 
 
@@ -29,7 +29,7 @@ class Step(NamedTuple):
     :meth:`._launch.Launcher.__call__`)."""
 
     kernel: RawKernel
-    family: KernelFamily
+    family: object  # the kernel's KernelFamily (moe_numba.kernels._family)
     grid: int | tuple
     block: int
     shmem: int = 0

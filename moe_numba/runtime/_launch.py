@@ -6,7 +6,7 @@ explicit signature of ``CPointer``s and int64 scalars and launched with ``cuda.c
 costs a fraction of that (docs/performance.rst). So every kernel of this package is
 
 - a lazy ``@cuda.jit`` dispatcher (nothing compiles at import), declared by a
-  :class:`._family.KernelFamily`,
+  :class:`moe_numba.kernels._family.KernelFamily`,
 - compiled once per explicit signature on first use (``dispatcher.compile(sig)``), its
   ``cuda.core`` kernel object cached per device,
 - launched with raw device addresses (Python ints) on the caller's stream, through
@@ -31,8 +31,7 @@ from numba import cuda
 
 from .._cache import BoundedCache
 from .._errors import INSTALL_GPU_EXTRA, MISSING_TOOLKIT_ERRORS, GPUUnavailableError
-from ._intrinsics import SIM
-from ._replay import RecordingLauncher
+from ._sim import SIM
 
 if not SIM:
     from cuda.bindings import driver as _driver
@@ -209,8 +208,8 @@ class Launcher:
 
 def launcher_for(stream):
     """The :class:`Launcher` of a call on ``stream`` (a ``CUstream`` handle), or ``stream``
-    itself where it is a :class:`._replay.RecordingLauncher` (a call being recorded)."""
-    return stream if isinstance(stream, RecordingLauncher) else Launcher(stream)
+    itself where it is a launcher that records (:class:`._recording.RecordingLauncher`)."""
+    return stream if getattr(stream, "records", False) else Launcher(stream)
 
 
 def c_step(step, device, overlap, template, slots):

@@ -18,8 +18,8 @@ import ctypes
 
 import numpy as np
 
-from ._intrinsics import SIM
 from ._launch import optional_arg
+from ._sim import SIM
 
 if not SIM:
     from cuda.bindings import driver as _driver
