@@ -4,7 +4,7 @@ The layer without the experts' GEMMs: permute -> each row times its probability 
 "expert", as in docs/examples/moe_layer.py) -> unweighted unpermute; or, with ``--weighted``,
 permute -> unpermute with the weighted combine. Run on a CUDA GPU::
 
-    python -m moe_numba.torch._memory_bench --json memory.json
+    python -m moe_numba.bench._memory --json memory.json
 
 :func:`measure` takes any step function, so a benchmark can time a peer's layer (Transformer
 Engine's, say) on the same inputs and compare the figures.
