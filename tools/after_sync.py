@@ -1,4 +1,4 @@
-"""Host time of one call after different kinds of wait (docs/performance.rst, "Host time
+"""Host time of one call after different kinds of wait (docs/lab-notes.rst, "Host time
 after a sync"): is the extra time after a sync ours, or the host's?
 
 Run on a machine with a GPU and torch::

@@ -1,5 +1,5 @@
 """GPU time of a small permute and weighted unpermute, launched eagerly and replayed from one
-CUDA graph (docs/performance.rst, "Small calls on the GPU").
+CUDA graph (docs/lab-notes.rst, "Launches from C, staged capacities").
 
 Run on a machine with a GPU and torch::
 

@@ -1,5 +1,5 @@
 """Host time per call of the four ops on torch CUDA tensors, with the GPU busy and right after
-a sync, and what the pieces of a small permute cost (docs/performance.rst, "Host time per
+a sync, and what the pieces of a small permute cost (docs/lab-notes.rst, "Host time per
 call, piece by piece").
 
 Run on a machine with a GPU and torch::

@@ -1,4 +1,4 @@
-"""Host time per call of two trees of moe-numba, interleaved on one machine (docs/performance.rst,
+"""Host time per call of two trees of moe-numba, interleaved on one machine (docs/lab-notes.rst,
 "The replays, compiled"): the hosts that lend a GPU are noisy, so a figure of one tree is
 compared with the other's taken seconds apart, round after round.
 

@@ -1,5 +1,5 @@
 """GPU time of small calls against the row splits and the one-block count (docs/
-performance.rst, "Small calls on the GPU: rows split among warps and blocks").
+lab-notes.rst, "Small calls on the GPU: rows split among warps and blocks").
 
 Run on a machine with a GPU and torch::
 

@@ -61,7 +61,7 @@ PAD_WORKERS = 256  # fewest padding chunks in flight (when there are as many chu
 NC_TARGET = 128  # count chunks to aim for
 ONE_BLOCK_SLOTS = 1024  # most routing slots of a count_scan call
 # most routing slots of a count_gather call; 0 (off) until the kernel beats the chain on a GPU
-# (docs/performance.rst, "One kernel for small permutes"); 2048 takes it up to T = 256, K = 8
+# (docs/lab-notes.rst, "One kernel for small permutes"); 2048 takes it up to T = 256, K = 8
 ONE_KERNEL_SLOTS = 0
 ONE_KERNEL_PAD_WORKERS = 1  # fewest padding chunks in flight in count_gather
 TOKEN_WARPS = 4096  # token warps that keep the GPU's stores busy: fewer tokens split rows

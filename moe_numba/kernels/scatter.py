@@ -56,7 +56,7 @@ WARPS = min(4, SYNCWARP_WARPS)  # workers per block
 # 16-byte groups of dY a thread may hold at once (rising), without and with the dot product:
 # the whole row where it can; with the dot a batch of 4, since Xu's words take registers too:
 # at 8 the kernel needs so many registers that too few warps fit on an SM to keep enough loads
-# in flight (docs/performance.rst)
+# in flight (docs/lab-notes.rst, "First runs beside the peers")
 BATCH_GROUPS = {False: (4, 8, 16, 28), True: (4,)}
 
 

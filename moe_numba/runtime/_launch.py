@@ -3,7 +3,7 @@
 numba's dispatcher spends far more host time on a launch (argument typing, DLPack exports, a
 context lookup) than the small kernels of a call take on the GPU; a kernel compiled for an
 explicit signature of ``CPointer``s and int64 scalars and launched with ``cuda.core.launch``
-costs a fraction of that (docs/performance.rst). So every kernel of this package is
+costs a fraction of that (docs/lab-notes.rst). So every kernel of this package is
 
 - a lazy ``@cuda.jit`` dispatcher (nothing compiles at import), declared by a
   :class:`moe_numba.kernels._family.KernelFamily`,
