@@ -25,9 +25,10 @@ def torch_calls(arrays):
     tensor = torch.Tensor
     for x in arrays:
         if isinstance(x, tensor):
-            from .torch import _calls
-
-            return _calls
+            calls = sys.modules.get("moe_numba.torch._calls")  # (a dict lookup once imported)
+            if calls is None:
+                from .torch import _calls as calls
+            return calls
     return None
 
 

@@ -53,11 +53,10 @@ def permute(arrays, values, tokens_per_expert):
     ``values``: its scalar arguments, in the order of ``_core.PERMUTE_SCALARS``)."""
     return_expert_indices = values[4]
     if direct(arrays):
+        outputs = _replay.PERMUTE(arrays, values, tokens_per_expert)  # (None if recorded)
+        if outputs is not None:
+            return outputs
         recorded = _recorded(arrays, (0, 3))
-        if not recorded:
-            outputs = _replay.PERMUTE(arrays, values, tokens_per_expert)
-            if outputs is not None:
-                return outputs
         scalars = _core.permute_scalars(*values)
         backend, plan = _direct.planned_permute(arrays, scalars, tokens_per_expert)
         if recorded:
@@ -95,11 +94,10 @@ def unpermute(arrays, values):
     """:func:`moe_numba.moe_unpermute` on torch tensors (``values`` in the order of
     ``_core.UNPERMUTE_SCALARS``)."""
     if direct(arrays):
+        outputs = _replay.UNPERMUTE(arrays, values)  # (None if autograd records the call)
+        if outputs is not None:
+            return outputs
         recorded = _recorded(arrays, (0, 3))
-        if not recorded:
-            outputs = _replay.UNPERMUTE(arrays, values)
-            if outputs is not None:
-                return outputs
         scalars = _core.unpermute_scalars(*values)
         backend, plan = _direct.planned_unpermute(arrays, scalars)
         if recorded:

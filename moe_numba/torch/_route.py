@@ -29,9 +29,12 @@ from torch.autograd import forward_ad
 
 _Tensor = torch.Tensor
 _include = torch._C._dispatch_tls_local_include_set
-# the keys a thread has in plain eager execution (inference mode has fewer)
-_EAGER_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.BackendSelect).add(
-    torch._C.DispatchKey.ADInplaceOrView
+# the keys a thread has in plain eager execution (inference mode has fewer), as the bits of
+# a DispatchKeySet: any other key in the thread's include set is a transform's
+_OTHER_KEYS = ~(
+    torch._C.DispatchKeySet(torch._C.DispatchKey.BackendSelect)
+    .add(torch._C.DispatchKey.ADInplaceOrView)
+    .raw_repr()
 )
 _function_mode = torch._C._is_torch_function_mode_enabled
 _compiling = torch.compiler.is_compiling
@@ -42,7 +45,7 @@ _TRANSFORM = torch._C._functorch.TransformType
 def direct(arrays):
     """Whether a call on ``arrays`` (tensors or None) may skip the dispatcher: torch would do
     nothing else with it (see the module docstring)."""
-    if (_include() | _EAGER_KEYS) != _EAGER_KEYS:
+    if _include().raw_repr() & _OTHER_KEYS:
         return False
     if _function_mode() or forward_ad._current_level >= 0 or _compiling():
         return False
