@@ -45,9 +45,11 @@ _TRANSFORM = torch._C._functorch.TransformType
 def direct(arrays):
     """Whether a call on ``arrays`` (tensors or None) may skip the dispatcher: torch would do
     nothing else with it (see the module docstring)."""
+    if _compiling():  # (first: dynamo traces this function, and reads no further)
+        return False
     if _include().raw_repr() & _OTHER_KEYS:
         return False
-    if _function_mode() or forward_ad._current_level >= 0 or _compiling():
+    if _function_mode() or forward_ad._current_level >= 0:
         return False
     for x in arrays:
         if type(x) is _Tensor:
