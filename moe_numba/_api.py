@@ -15,6 +15,9 @@ Array: TypeAlias = Any
 object with ``__cuda_array_interface__``. Outputs are of the caller's kind."""
 
 
+_TORCH_CALLS = "moe_numba.torch._calls"
+
+
 def torch_calls(arrays):
     """:mod:`moe_numba.torch._calls` when a torch tensor is among ``arrays``, else None
     (torch is never imported for the answer; the integration is imported on the first call
@@ -25,7 +28,9 @@ def torch_calls(arrays):
     tensor = torch.Tensor
     for x in arrays:
         if isinstance(x, tensor):
-            calls = sys.modules.get("moe_numba.torch._calls")  # (a dict lookup once imported)
+            # a dict lookup once imported; an import while dynamo traces (it would guard on
+            # the lookup, which the import then changes)
+            calls = None if torch.compiler.is_compiling() else sys.modules.get(_TORCH_CALLS)
             if calls is None:
                 from .torch import _calls as calls
             return calls
