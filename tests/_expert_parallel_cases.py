@@ -198,7 +198,7 @@ def _exit_cleanly(queue):
 
 def worker(rank, ranks, port, cases, queue):
     """One process of the group: every case in turn, verdicts to ``queue``; stops by itself."""
-    from moe_numba.torch._distributed_bench import join_local_group
+    from moe_numba.bench._distributed import join_local_group
 
     try:
         join_local_group(rank, ranks, port, timeout=60, threads=1)  # several per core here
@@ -223,8 +223,8 @@ def nccl_worker(rank, ranks, port, queue):
     bit, and its host synchronisations counted (one read per forward, none backward)."""
     import warnings
 
+    from moe_numba.bench._distributed import join_local_group
     from moe_numba.kernels import _status
-    from moe_numba.torch._distributed_bench import join_local_group
 
     try:
         torch.cuda.set_device(rank)

@@ -434,9 +434,3 @@ def single_process_moe(
         validate=False,
     )
     return y
-
-
-if __name__ == "__main__":
-    from ._distributed_bench import main
-
-    main()
