@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -36,6 +37,7 @@ class Case:
     seed: int = 0
     bad_rank: int | None = None  # this rank's routing map gets an id outside [-1, E)
     probs_in_experts: bool = True  # the expert function uses the probabilities
+    strided_out: bool = False  # the expert function returns rows that are not contiguous
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -83,8 +85,11 @@ def elementwise_experts(weights, first, case, seen):
         )
         w = w.to(rows.dtype).unsqueeze(1)
         if not case.probs_in_experts:
-            return rows * w
-        return rows * w + probs.to(rows.dtype).unsqueeze(1) * rows * rows
+            out = rows * w
+        else:
+            out = rows * w + probs.to(rows.dtype).unsqueeze(1) * rows * rows
+        # column-major: the same values, not C-contiguous (where there are rows)
+        return out.t().contiguous().t() if case.strided_out else out
 
     return expert_fn
 
@@ -185,6 +190,93 @@ def run_case(case, rank, group=None):
     return results
 
 
+@dataclass(frozen=True)
+class Failure:
+    """A call that fails: rank ``rank`` changes its call by ``CHANGES[change]``; every rank
+    must raise ``error`` with ``text`` in its message."""
+
+    name: str
+    rank: int
+    change: str
+    error: str
+    text: str
+    tokens: tuple[int, ...] = (3, 3)
+
+
+def _wrap_experts(change):
+    """The changed expert function of ``change`` (a name starting with "output" or
+    "experts"), around ``rows * 2``."""
+
+    def expert_fn(rows, tokens_per_expert, probs):
+        out = rows * 2
+        if change == "output rows":
+            return out[1:]
+        if change == "output dtype":
+            return out.double()
+        if change == "output width":
+            return torch.cat([out, out], 1)
+        if change == "output layout":
+            return out.to_sparse()
+        if change == "output no grad":
+            return out.detach()
+        if change == "experts raise":
+            raise ZeroDivisionError("an expert divided by zero")
+        return out
+
+    return expert_fn
+
+
+def _change(call, change):
+    """Apply ``change`` to the keyword arguments ``call`` of one rank's layer call."""
+    if change in ("num_experts", "padding_alignment"):
+        call[change] = {"num_experts": 8, "padding_alignment": 2}[change]
+    elif change == "num_experts not a multiple":
+        call["num_experts"] = 3
+    elif change in ("validate", "using_weighted_combine"):
+        call[change] = False
+    elif change == "hidden":
+        call["x"] = call["x"][:, :5].detach().requires_grad_(True)
+    elif change == "dtype":
+        call["x"] = call["x"].detach().float().requires_grad_(True)
+    elif change == "x no grad":
+        call["x"] = call["x"].detach()
+    elif change == "routemap dtype":
+        call["routemap"] = call["routemap"].float()
+    elif change == "bad id":
+        call["routemap"][0, 0] = call["num_experts"]
+    elif change.startswith(("output", "experts")):
+        call["expert_fn"] = _wrap_experts(change)
+    else:
+        raise AssertionError(f"no change {change!r}")
+
+
+def run_failure(failure, rank, group=None):
+    """This rank's exception for ``failure``: its type, message and seconds to raise."""
+    from moe_numba.torch.distributed import expert_parallel_moe
+
+    generator = torch.Generator().manual_seed(rank)
+    tokens = failure.tokens[rank]
+    call = dict(
+        x=torch.randn(tokens, 6, generator=generator).to(torch.bfloat16).requires_grad_(True),
+        routemap=torch.randint(0, 4, (tokens, 1), generator=generator),
+        probs=torch.rand(tokens, 1, generator=generator),
+        expert_fn=_wrap_experts(None),
+        num_experts=4,
+    )
+    if rank == failure.rank:
+        _change(call, failure.change)
+    start = time.perf_counter()
+    try:
+        expert_parallel_moe(group=group, **call).float().sum().backward()
+    except Exception as error:
+        return {"type": type(error).__name__, "message": str(error), "seconds": _since(start)}
+    return {"type": None, "message": "", "seconds": _since(start)}
+
+
+def _since(start):
+    return time.perf_counter() - start
+
+
 def _exit_cleanly(queue):
     """End a rank that finished without an error: gloo's worker threads can abort a process
     while its interpreter shuts down ("terminate called without an active exception"), after
@@ -204,7 +296,8 @@ def worker(rank, ranks, port, cases, queue):
         join_local_group(rank, ranks, port, timeout=60, threads=1)  # several per core here
         for case in cases:
             try:
-                queue.put((case.name, rank, run_case(case, rank)))
+                run = run_failure if isinstance(case, Failure) else run_case
+                queue.put((case.name, rank, run(case, rank)))
             except Exception:
                 queue.put((case.name, rank, {"error": traceback.format_exc()}))
                 raise
@@ -212,6 +305,24 @@ def worker(rank, ranks, port, cases, queue):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    _exit_cleanly(queue)
+
+
+TIMEOUT = 3  # seconds: the process group's timeout in timeout_worker
+
+
+def timeout_worker(rank, ranks, port, queue):
+    """Rank 1 never calls the layer (as if it had raised before it) and stays alive; rank 0
+    calls it and waits in the first agreement until the group's timeout."""
+    from moe_numba.bench._distributed import join_local_group
+
+    join_local_group(rank, ranks, port, timeout=TIMEOUT, threads=1)
+    name = "a rank that never calls the layer"
+    if rank == 0:
+        queue.put((name, rank, run_failure(Failure(name, -1, "", "", ""), rank)))
+    else:
+        queue.put((name, rank, {"type": None, "message": "did not call", "seconds": 0.0}))
+        time.sleep(TIMEOUT + 5)
     _exit_cleanly(queue)
 
 

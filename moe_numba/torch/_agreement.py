@@ -92,5 +92,5 @@ def agree(fields, failure, device, group):
             raise field.error(
                 f"the ranks disagree on {field.name}: rank 0 has {field.show(column[0])}, "
                 f"rank {other} has {field.show(column[other])} (this is rank {rank}); every "
-                "rank of the group must pass the same (every rank raises)"
+                "rank of the group must have the same (every rank raises)"
             )
