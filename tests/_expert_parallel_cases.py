@@ -331,7 +331,8 @@ _SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mo
 
 def nccl_worker(rank, ranks, port, queue):
     """One GPU per process over NCCL: the layer against one process on the GPU, bit for
-    bit, and its host synchronisations counted (one read per forward, none backward)."""
+    bit, and its host synchronisations counted (one read per forward with validate=False,
+    three with validate=True: the agreements'; none backward)."""
     import warnings
 
     from moe_numba.bench._distributed import join_local_group
@@ -361,33 +362,46 @@ def nccl_worker(rank, ranks, port, queue):
         y = expert_parallel_moe(lx, routemap[mine], lp, experts, case.num_experts, **flags)
         torch.cuda.synchronize()
         syncs = {}
-        for phase in ("forward", "backward"):
+        y_fast = leaves_fast = None  # (the forward's, whose backward is counted next)
+        for phase in ("forward", "backward", "forward, validate"):
             torch.cuda.synchronize()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
-                if phase == "forward":
+                if phase == "backward":
+                    y_fast.backward(dy[mine])
+                else:
                     lx2, lp2, lw2 = _leaves(case, x[mine], probs[mine], weights)
                     experts = elementwise_experts(
                         lw2, local_experts(case.num_experts).start, case, []
                     )
+                    # validate=False: the agreements are skipped on a GPU
                     y2 = expert_parallel_moe(
-                        lx2, routemap[mine], lp2, experts, case.num_experts, **flags
+                        lx2,
+                        routemap[mine],
+                        lp2,
+                        experts,
+                        case.num_experts,
+                        **flags,
+                        validate=phase != "forward",
                     )
-                else:
-                    y2.backward(dy[mine])
+                    if phase == "forward":
+                        y_fast, leaves_fast = y2, (lx2, lp2)
                 torch.cuda.set_sync_debug_mode("default")
             # (set_sync_debug_mode's own warning says "synchronizing" too: not a sync)
             syncs[phase] = [str(w.message) for w in caught if _SYNC_WARNING in str(w.message)]
         _status.StatusWords.read = original
+        checked = syncs["forward, validate"]
         results = {
             "y": torch.equal(_bits(y), _bits(y_ref[mine])),
-            "y again": torch.equal(_bits(y2), _bits(y_ref[mine])),
-            "grad x": torch.equal(_bits(lx2.grad), _bits(rx.grad[mine])),
-            "grad probs": torch.equal(_bits(lp2.grad), _bits(rp.grad[mine])),
+            "y again": torch.equal(_bits(y_fast), _bits(y_ref[mine])),
+            "y validated": torch.equal(_bits(y2), _bits(y_ref[mine])),
+            "grad x": torch.equal(_bits(leaves_fast[0].grad), _bits(rx.grad[mine])),
+            "grad probs": torch.equal(_bits(leaves_fast[1].grad), _bits(rp.grad[mine])),
             f"one host sync in the forward (warnings: {syncs['forward']})": len(syncs["forward"])
             == 1,
             f"no host sync in the backward (warnings: {syncs['backward']})": not syncs["backward"],
+            f"three with validate: the agreements' (warnings: {checked})": len(checked) == 3,
             "no status words read": not reads,
         }
         queue.put(("nccl", rank, results))

@@ -72,7 +72,9 @@ def agree(fields, failure, device, group):
     """
     ranks = dist.get_world_size(group)
     rank = dist.get_rank(group)
-    mine = torch.tensor([_code(failure)] + [f.value for f in fields], device=device)
+    mine = torch.tensor([_code(failure)] + [f.value for f in fields])
+    if device.type == "cuda":  # (from pinned memory: the read below is the one wait)
+        mine = mine.pin_memory().to(device, non_blocking=True)
     table = [torch.empty_like(mine) for _ in range(ranks)]
     dist.all_gather(table, mine, group=group)
     table = torch.stack(table).tolist()

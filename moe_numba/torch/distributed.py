@@ -4,13 +4,16 @@ spread over the ranks of a process group (gloo on CPUs, NCCL on GPUs).
 Rank p of P owns the experts ``[p * E / P, (p + 1) * E / P)`` (:func:`local_experts`). One
 forward of :func:`expert_parallel_moe`, on every rank (docs/expert_parallel.rst draws it)::
 
+    agree    one all_gather of a few int64 per rank: this call's arguments and local
+             errors, the same on every rank or every rank raises (:mod:`._agreement`)
     counts   distinct tokens per expert on the device, one all_to_all of the counts (and,
              with validate, of each rank's routing-map check), ONE device-to-host read
     permute  moe_permute over all E experts: rows grouped by expert, so by owning rank;
              each (source rank, expert) chunk padded to padding_alignment rows
     dispatch all_to_all_single of the rows and of their probabilities
     sort     moe_sort_chunks: [source rank][local expert] -> [local expert][source rank]
-    experts  expert_fn(rows, tokens_per_expert, probs) on this rank's experts
+    experts  expert_fn(rows, tokens_per_expert, probs) on this rank's experts, then one
+             all_gather agreeing on its output (or its error)
     sort     the inverse sort, back to [source rank][local expert]
     combine  all_to_all_single back, then moe_unpermute over all E experts
 
@@ -21,6 +24,11 @@ output and every gradient are the same bits. The backward is autograd over diffe
 pieces (moe_permute / moe_unpermute / moe_sort_chunks custom ops, and an all_to_all whose
 backward is the reverse all_to_all with the saved split sizes): no host read; every rank joins
 every collective of the forward and the backward, also with no tokens.
+
+The two agreements run on CPU tensors always and on a GPU unless ``validate=False`` (there
+each is one more device-to-host read): a failure on one rank, or arguments that differ
+between ranks, then raise the same error on every rank before any payload collective
+(docs/expert_parallel.rst, "Failure behaviour").
 """
 
 from __future__ import annotations
@@ -415,7 +423,9 @@ def expert_parallel_moe(
         Check every rank's routing map (ids in [-1, E), no expert twice in a token) on the
         device; the verdicts travel with the counts, so every rank raises together and none
         is left waiting in a collective. False: bad ids count as -1 and a repeated expert
-        once, as in ``moe_permute``.
+        once, as in ``moe_permute``; on a GPU, False also skips the two agreements (the
+        ranks must then pass the same arguments, and an error on one rank leaves the others
+        waiting until the group's timeout). On CPU tensors the agreements always run.
     timer : LayerTimer, optional
         Adds the wall time of each stage, forward and backward (synchronising the device
         at every stage boundary).
@@ -428,15 +438,29 @@ def expert_parallel_moe(
     Raises
     ------
     ValueError
-        ``num_experts`` not a multiple of the group's size, a bad routing map on any rank
-        (with ``validate``), or an expert output of the wrong shape.
+        On every rank, naming the rank: ``num_experts`` not a multiple of the group's size,
+        a bad routing map (with ``validate``), a bad tensor shape or device, an expert
+        output of the wrong shape; or an argument that differs between ranks
+        (``num_experts``, ``padding_alignment``, ``validate``, ``using_weighted_combine``,
+        the hidden width, whether ``x``, ``probs`` or the expert output require a gradient,
+        the expert output's width).
     TypeError
-        An expert output of the wrong dtype.
+        On every rank, naming the rank: a bad argument type or dtype, an expert output of
+        the wrong dtype or layout, or an ``x`` dtype or expert output dtype that differs
+        between ranks.
+    ExpertParallelError
+        On every rank: ``expert_fn`` raised on one of them (named, with its exception's
+        type and message; chained to it on that rank).
 
     Notes
     -----
-    One device-to-host read per forward (the split sizes, after the counts' all_to_all);
-    none in the backward. The result and all gradients equal :func:`single_process_moe` on
+    One device-to-host read per forward (the split sizes, after the counts' all_to_all),
+    plus one per agreement on a GPU with ``validate=True``; none in the backward. A rank
+    that never calls the layer (or dies, or hangs in ``expert_fn``) leaves the others in a
+    collective until the process group's timeout: pass ``timeout=`` to
+    ``init_process_group``. ``expert_fn`` may return non-contiguous rows.
+
+    The result and all gradients equal :func:`single_process_moe` on
     the concatenation of every rank's batch, bit for bit, when ``expert_fn`` treats each row
     on its own (its rows arrive in the same order within each expert; only the padding
     rows are placed differently).
