@@ -367,7 +367,7 @@ def _agrees(x, validate):
     """Whether the ranks agree before their collectives: always on CPU tensors (the
     agreement reads no device), and on a GPU unless ``validate=False`` (there each agreement
     is one more device-to-host read)."""
-    return validate is not False or getattr(getattr(x, "device", None), "type", "cpu") == "cpu"
+    return _field(validate) != 0 or getattr(getattr(x, "device", None), "type", "cpu") == "cpu"
 
 
 def _device(x):
