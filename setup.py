@@ -8,6 +8,7 @@ build (``boundscheck``, ``wraparound`` and ``initializedcheck`` on: every memory
 checked; slower, for ``tox -e cpu-debug``).
 """
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -29,15 +30,22 @@ int main(void) {
 """
 
 
-def switch(name, default):
-    """The boolean build switch ``name`` of the environment (0/false/no/off turn it off)."""
-    value = os.environ.get(name, default).strip().lower()
-    return value not in ("", "0", "false", "no", "off")
+def _load_switch():
+    """moe_numba's parser of on/off variables, loaded by path (the package itself cannot be
+    imported before it is built)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "moe_numba", "_environment.py")
+    spec = importlib.util.spec_from_file_location("_moe_environment", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.switch
+
+
+switch = _load_switch()
 
 
 def openmp_flags():
     """Return the compile/link flags that enable OpenMP, or [] when it is unavailable."""
-    if not switch("MOE_USE_OPENMP", "1"):
+    if not switch("MOE_USE_OPENMP", True):
         return [], "disabled by MOE_USE_OPENMP"
     compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
     workdir = tempfile.mkdtemp(prefix="moe_omp_probe_")
@@ -66,7 +74,7 @@ print(
     + ("" if omp else " -> prange loops run serially"),
     file=sys.stderr,
 )
-debug = switch("MOE_CYTHON_DEBUG", "0")
+debug = switch("MOE_CYTHON_DEBUG", False)
 if debug:
     print("moe_cpu: MOE_CYTHON_DEBUG: memoryview indexing is bounds-checked", file=sys.stderr)
 
@@ -114,7 +122,7 @@ setup(
         extensions,
         build_dir=os.path.join(build_base, "cython") if debug else None,
         language_level=3,
-        annotate=switch("MOE_CYTHON_ANNOTATE", "0"),
+        annotate=switch("MOE_CYTHON_ANNOTATE", False),
         compiler_directives={
             "boundscheck": debug,
             "wraparound": debug,

@@ -9,16 +9,16 @@ protocol; NumPy arrays made from it keep it alive, and its deallocation returns 
 
 from libc.stdlib cimport free, malloc
 
-import os
-
 import numpy as np
+
+from moe_cpu._environment import cache_bytes
 
 # Requests below this size go to np.empty: small pages are cheap and malloc reuses them.
 MIN_CACHED_BYTES = 1 << 20
 # Sizes are rounded up to a multiple of this, so that similar shapes share blocks.
 GRANULE = 1 << 16
 
-cdef Py_ssize_t _limit = int(os.environ.get("MOE_CPU_CACHE_BYTES", 4 << 30))
+cdef Py_ssize_t _limit = cache_bytes(4 << 30)  # (a ValueError naming the variable if bad)
 cdef Py_ssize_t _cached_bytes = 0
 cdef dict _free_blocks = {}  # size -> list of addresses (ints) of idle blocks
 
@@ -126,6 +126,9 @@ def cache_info():
     -------
     dict
         ``{"cached_bytes": int, "limit_bytes": int}``. The limit comes from the environment
-        variable ``MOE_CPU_CACHE_BYTES`` (default 4 GiB; 0 turns the cache off).
+        variable ``MOE_CPU_CACHE_BYTES``, read when ``moe_cpu`` is imported: a byte count
+        such as ``4294967296``, ``512M``, ``4G`` or ``1e9`` (default 4 GiB; 0 turns the
+        cache off; empty is unset; anything else makes the import raise a ValueError that
+        names the variable).
     """
     return {"cached_bytes": _cached_bytes, "limit_bytes": _limit}

@@ -1,8 +1,8 @@
 """Command line: ``python -m moe_numba {demo,bench} ...`` (see ``--help``).
 
 Every option is checked here before any work starts: a value out of range, a file that
-cannot be read or written, a GPU that is not there are argparse errors that name the option
-(exit status 2).
+cannot be read or written, a GPU that is not there, a shape whose arrays cannot fit in the
+memory available are argparse errors that name the option or the shape (exit status 2).
 """
 
 from __future__ import annotations
@@ -163,10 +163,26 @@ def _check_writable(parser, option, path):
         parser.error(f"argument {option}: cannot write {path}: folder {folder} does not exist")
 
 
+def _check_fits(parser, device, runs):
+    """``parser.error`` naming the bytes needed and available if one of ``runs`` (pairs of
+    a :class:`~moe_numba.bench._footprint.Need` and a label) cannot fit in memory."""
+    from .bench._footprint import refusal
+
+    for need, label in runs:
+        message = refusal(need, device, label)
+        if message:
+            parser.error(message)
+
+
 def demo_settings(parser, args):
     """The demo's target and shape, every option checked (``parser.error`` otherwise)."""
+    from .bench._footprint import demo_need
+
     topk = _topk(parser, args.topk, args.experts)
     target = _target(parser, args.backend)
+    need = demo_need(args.tokens, args.hidden, args.experts, topk, target.device)
+    label = f"the demo's workload T={args.tokens} H={args.hidden} E={args.experts} K={topk}"
+    _check_fits(parser, target.device, [(need, label)])
     return dict(
         target=target, tokens=args.tokens, hidden=args.hidden, experts=args.experts, topk=topk
     )
@@ -178,7 +194,7 @@ _SHAPE_OPTIONS = ("tokens", "hidden", "experts", "topk", "alignment", "dtype")
 def bench_settings(parser, args):
     """The bench's :class:`~moe_numba.bench.Settings`, every option checked
     (``parser.error`` otherwise)."""
-    from .bench import Settings, _cases, _results
+    from .bench import Settings, _cases, _footprint, _results
 
     given = {name: getattr(args, name) for name in _SHAPE_OPTIONS}
     if args.sweep:
@@ -208,6 +224,8 @@ def bench_settings(parser, args):
             parser, given["topk"], experts, given["experts"] is not None, default["topk"]
         )
         cases = [_cases.one_case(target.device, **given)]
+    runs = [(_footprint.bench_need(case, target.device), case.label()) for case in cases]
+    _check_fits(parser, target.device, runs)
     repeat = args.repeat or _cases.REPEATS[target.device, args.quick]
     return Settings(target, cases, repeat, args.json, previous, args.plot)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -36,6 +37,7 @@ class Case:
     seed: int = 0
     bad_rank: int | None = None  # this rank's routing map gets an id outside [-1, E)
     probs_in_experts: bool = True  # the expert function uses the probabilities
+    strided_out: bool = False  # the expert function returns rows that are not contiguous
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -83,8 +85,11 @@ def elementwise_experts(weights, first, case, seen):
         )
         w = w.to(rows.dtype).unsqueeze(1)
         if not case.probs_in_experts:
-            return rows * w
-        return rows * w + probs.to(rows.dtype).unsqueeze(1) * rows * rows
+            out = rows * w
+        else:
+            out = rows * w + probs.to(rows.dtype).unsqueeze(1) * rows * rows
+        # column-major: the same values, not C-contiguous (where there are rows)
+        return out.t().contiguous().t() if case.strided_out else out
 
     return expert_fn
 
@@ -185,6 +190,93 @@ def run_case(case, rank, group=None):
     return results
 
 
+@dataclass(frozen=True)
+class Failure:
+    """A call that fails: rank ``rank`` changes its call by ``CHANGES[change]``; every rank
+    must raise ``error`` with ``text`` in its message."""
+
+    name: str
+    rank: int
+    change: str
+    error: str
+    text: str
+    tokens: tuple[int, ...] = (3, 3)
+
+
+def _wrap_experts(change):
+    """The changed expert function of ``change`` (a name starting with "output" or
+    "experts"), around ``rows * 2``."""
+
+    def expert_fn(rows, tokens_per_expert, probs):
+        out = rows * 2
+        if change == "output rows":
+            return out[1:]
+        if change == "output dtype":
+            return out.double()
+        if change == "output width":
+            return torch.cat([out, out], 1)
+        if change == "output layout":
+            return out.to_sparse()
+        if change == "output no grad":
+            return out.detach()
+        if change == "experts raise":
+            raise ZeroDivisionError("an expert divided by zero")
+        return out
+
+    return expert_fn
+
+
+def _change(call, change):
+    """Apply ``change`` to the keyword arguments ``call`` of one rank's layer call."""
+    if change in ("num_experts", "padding_alignment"):
+        call[change] = {"num_experts": 8, "padding_alignment": 2}[change]
+    elif change == "num_experts not a multiple":
+        call["num_experts"] = 3
+    elif change in ("validate", "using_weighted_combine"):
+        call[change] = False
+    elif change == "hidden":
+        call["x"] = call["x"][:, :5].detach().requires_grad_(True)
+    elif change == "dtype":
+        call["x"] = call["x"].detach().float().requires_grad_(True)
+    elif change == "x no grad":
+        call["x"] = call["x"].detach()
+    elif change == "routemap dtype":
+        call["routemap"] = call["routemap"].float()
+    elif change == "bad id":
+        call["routemap"][0, 0] = call["num_experts"]
+    elif change.startswith(("output", "experts")):
+        call["expert_fn"] = _wrap_experts(change)
+    else:
+        raise AssertionError(f"no change {change!r}")
+
+
+def run_failure(failure, rank, group=None):
+    """This rank's exception for ``failure``: its type, message and seconds to raise."""
+    from moe_numba.torch.distributed import expert_parallel_moe
+
+    generator = torch.Generator().manual_seed(rank)
+    tokens = failure.tokens[rank]
+    call = dict(
+        x=torch.randn(tokens, 6, generator=generator).to(torch.bfloat16).requires_grad_(True),
+        routemap=torch.randint(0, 4, (tokens, 1), generator=generator),
+        probs=torch.rand(tokens, 1, generator=generator),
+        expert_fn=_wrap_experts(None),
+        num_experts=4,
+    )
+    if rank == failure.rank:
+        _change(call, failure.change)
+    start = time.perf_counter()
+    try:
+        expert_parallel_moe(group=group, **call).float().sum().backward()
+    except Exception as error:
+        return {"type": type(error).__name__, "message": str(error), "seconds": _since(start)}
+    return {"type": None, "message": "", "seconds": _since(start)}
+
+
+def _since(start):
+    return time.perf_counter() - start
+
+
 def _exit_cleanly(queue):
     """End a rank that finished without an error: gloo's worker threads can abort a process
     while its interpreter shuts down ("terminate called without an active exception"), after
@@ -198,13 +290,14 @@ def _exit_cleanly(queue):
 
 def worker(rank, ranks, port, cases, queue):
     """One process of the group: every case in turn, verdicts to ``queue``; stops by itself."""
-    from moe_numba.torch._distributed_bench import join_local_group
+    from moe_numba.bench._distributed import join_local_group
 
     try:
         join_local_group(rank, ranks, port, timeout=60, threads=1)  # several per core here
         for case in cases:
             try:
-                queue.put((case.name, rank, run_case(case, rank)))
+                run = run_failure if isinstance(case, Failure) else run_case
+                queue.put((case.name, rank, run(case, rank)))
             except Exception:
                 queue.put((case.name, rank, {"error": traceback.format_exc()}))
                 raise
@@ -215,16 +308,35 @@ def worker(rank, ranks, port, cases, queue):
     _exit_cleanly(queue)
 
 
+TIMEOUT = 3  # seconds: the process group's timeout in timeout_worker
+
+
+def timeout_worker(rank, ranks, port, queue):
+    """Rank 1 never calls the layer (as if it had raised before it) and stays alive; rank 0
+    calls it and waits in the first agreement until the group's timeout."""
+    from moe_numba.bench._distributed import join_local_group
+
+    join_local_group(rank, ranks, port, timeout=TIMEOUT, threads=1)
+    name = "a rank that never calls the layer"
+    if rank == 0:
+        queue.put((name, rank, run_failure(Failure(name, -1, "", "", ""), rank)))
+    else:
+        queue.put((name, rank, {"type": None, "message": "did not call", "seconds": 0.0}))
+        time.sleep(TIMEOUT + 5)
+    _exit_cleanly(queue)
+
+
 _SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's sync debug mode, per sync
 
 
 def nccl_worker(rank, ranks, port, queue):
     """One GPU per process over NCCL: the layer against one process on the GPU, bit for
-    bit, and its host synchronisations counted (one read per forward, none backward)."""
+    bit, and its host synchronisations counted (one read per forward with validate=False,
+    three with validate=True: the agreements'; none backward)."""
     import warnings
 
+    from moe_numba.bench._distributed import join_local_group
     from moe_numba.runtime import _status
-    from moe_numba.torch._distributed_bench import join_local_group
 
     try:
         torch.cuda.set_device(rank)
@@ -250,33 +362,46 @@ def nccl_worker(rank, ranks, port, queue):
         y = expert_parallel_moe(lx, routemap[mine], lp, experts, case.num_experts, **flags)
         torch.cuda.synchronize()
         syncs = {}
-        for phase in ("forward", "backward"):
+        y_fast = leaves_fast = None  # (the forward's, whose backward is counted next)
+        for phase in ("forward", "backward", "forward, validate"):
             torch.cuda.synchronize()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
-                if phase == "forward":
+                if phase == "backward":
+                    y_fast.backward(dy[mine])
+                else:
                     lx2, lp2, lw2 = _leaves(case, x[mine], probs[mine], weights)
                     experts = elementwise_experts(
                         lw2, local_experts(case.num_experts).start, case, []
                     )
+                    # validate=False: the agreements are skipped on a GPU
                     y2 = expert_parallel_moe(
-                        lx2, routemap[mine], lp2, experts, case.num_experts, **flags
+                        lx2,
+                        routemap[mine],
+                        lp2,
+                        experts,
+                        case.num_experts,
+                        **flags,
+                        validate=phase != "forward",
                     )
-                else:
-                    y2.backward(dy[mine])
+                    if phase == "forward":
+                        y_fast, leaves_fast = y2, (lx2, lp2)
                 torch.cuda.set_sync_debug_mode("default")
             # (set_sync_debug_mode's own warning says "synchronizing" too: not a sync)
             syncs[phase] = [str(w.message) for w in caught if _SYNC_WARNING in str(w.message)]
         _status.StatusWords.read = original
+        checked = syncs["forward, validate"]
         results = {
             "y": torch.equal(_bits(y), _bits(y_ref[mine])),
-            "y again": torch.equal(_bits(y2), _bits(y_ref[mine])),
-            "grad x": torch.equal(_bits(lx2.grad), _bits(rx.grad[mine])),
-            "grad probs": torch.equal(_bits(lp2.grad), _bits(rp.grad[mine])),
+            "y again": torch.equal(_bits(y_fast), _bits(y_ref[mine])),
+            "y validated": torch.equal(_bits(y2), _bits(y_ref[mine])),
+            "grad x": torch.equal(_bits(leaves_fast[0].grad), _bits(rx.grad[mine])),
+            "grad probs": torch.equal(_bits(leaves_fast[1].grad), _bits(rp.grad[mine])),
             f"one host sync in the forward (warnings: {syncs['forward']})": len(syncs["forward"])
             == 1,
             f"no host sync in the backward (warnings: {syncs['backward']})": not syncs["backward"],
+            f"three with validate: the agreements' (warnings: {checked})": len(checked) == 3,
             "no status words read": not reads,
         }
         queue.put(("nccl", rank, results))

@@ -178,3 +178,73 @@ def test_demo_exits_1_on_a_mismatch(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "weighted unpermute                 DIFFERS from the oracle" in out
     assert out.rstrip().endswith("MISMATCH: see above")
+
+
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("argv", "label"),
+    [
+        (["bench", "--backend=cpu", "--tokens=1048576", "--experts=4096"], "bf16 T=1048576 "),
+        (
+            ["demo", "--backend=cpu", "--tokens=1048576", "--hidden=65536"],
+            "the demo's workload T=1048576 H=65536 E=32 K=8",
+        ),
+    ],
+)
+def test_a_shape_beyond_memory_is_refused(argv, label, capsys, started):
+    """Terabytes: more than any machine has, whatever /proc/meminfo says here."""
+    message = (
+        re.escape(label) + r".* needs about \d+\.\d GiB of host memory \(\d+ bytes, estimated\) "
+        r"and \d+\.\d GiB are available \(.*\): choose a smaller shape$"
+    )
+    _refused(argv, message, capsys)
+    assert started == []
+
+
+def test_host_memory_is_compared_with_the_estimate(monkeypatch, capsys, started):
+    from moe_numba.bench import _footprint
+
+    case = moe_numba.bench._cases.Case(65536, 2048, 32, 8, 16, "bf16")
+    need = _footprint.bench_need(case, "cpu").host
+    monkeypatch.setattr(_footprint, "host_available", lambda: (need, "MemAvailable"))
+    assert cli.main(["bench", "--backend=cpu", "--tokens=65536"]) == 0
+    monkeypatch.setattr(_footprint, "host_available", lambda: (need - 1, "MemAvailable"))
+    available = f"{(need - 1) / GiB:.1f} GiB are available \\(MemAvailable\\)"
+    _refused(
+        ["bench", "--backend=cpu", "--tokens=65536"], f"\\({need} bytes, .*{available}", capsys
+    )
+    assert len(started) == 1
+
+
+def test_gpu_memory_is_compared_on_a_gpu(monkeypatch, capsys, started):
+    from moe_numba.bench import _footprint
+
+    class FakeGPU:
+        device = "cuda"
+
+    monkeypatch.setattr(cli, "_target", lambda parser, backend: FakeGPU())
+    monkeypatch.setattr(_footprint, "device_available", lambda: 1 << 30)
+    _refused(
+        ["bench", "--tokens=65536"],
+        r"^.*bf16 T=65536 H=7168 E=64 K=8 A=128 needs about \d+\.\d GiB of GPU memory "
+        r"\(\d+ bytes, estimated\) and 1\.0 GiB are free on the GPU: choose a smaller shape$",
+        capsys,
+    )
+    monkeypatch.setattr(_footprint, "device_available", lambda: None)  # no figure: no check
+    assert cli.main(["bench", "--tokens=65536"]) == 0
+
+
+def test_the_estimate_covers_the_arrays():
+    """At least the rows in, the padded rows out (twice: the call kept for the combine and
+    the timed one) and the combine's output."""
+    from moe_numba.bench import _footprint
+
+    case = moe_numba.bench._cases.Case(4096, 1024, 16, 4, 8, "fp32")
+    row = 1024 * 4
+    rows_out = 4096 * 4 + 16 * 7
+    for device in ("cpu", "cuda"):
+        need = _footprint.bench_need(case, device)
+        arrays = need.host if device == "cpu" else need.device
+        assert arrays >= (4096 + 2 * rows_out + 4096) * row

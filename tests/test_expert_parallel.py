@@ -17,7 +17,14 @@ dist = pytest.importorskip("torch.distributed", reason="needs torch.distributed"
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this torch build has no gloo backend", allow_module_level=True)
 
-from _expert_parallel_cases import Case, nccl_worker, worker  # noqa: E402
+from _expert_parallel_cases import (  # noqa: E402
+    TIMEOUT,
+    Case,
+    Failure,
+    nccl_worker,
+    timeout_worker,
+    worker,
+)
 
 DEADLINE = 240  # seconds for a whole group (process start-up included)
 
@@ -38,6 +45,7 @@ CASES = {
         Case("an expert with no tokens", (4, 5), 6, 2, unused_experts=(1, 4), seed=3),
         Case("no tokens anywhere", (0, 0), 2, 1, seed=4),
         Case("experts ignore the probabilities", (4, 6), 4, 2, probs_in_experts=False, seed=9),
+        Case("expert output not contiguous", (0, 6), 4, 2, strided_out=True, seed=10),
         Case("bad id on rank 1 raises on every rank", (3, 3), 4, 2, bad_rank=1, seed=5),
     ],
     4: [
@@ -64,6 +72,145 @@ CASES = {
         Case("bad id on rank 2 raises on every rank", (2, 2, 2, 2), 4, 1, bad_rank=2, seed=8),
     ],
 }
+
+
+DISAGREE = "the ranks disagree on "
+# (every rank raises: the error, text in its message; a failure found on one rank names it)
+FAILURES = {
+    2: [
+        Failure(
+            "num_experts",
+            1,
+            "num_experts",
+            "ValueError",
+            DISAGREE + "num_experts: rank 0 has 4, rank 1 has 8",
+        ),
+        Failure(
+            "padding_alignment",
+            1,
+            "padding_alignment",
+            "ValueError",
+            DISAGREE + "padding_alignment: rank 0 has 1, rank 1 has 2",
+            (0, 3),
+        ),
+        Failure(
+            "validate",
+            1,
+            "validate",
+            "ValueError",
+            DISAGREE + "validate: rank 0 has True, rank 1 has False",
+        ),
+        Failure(
+            "using_weighted_combine",
+            0,
+            "using_weighted_combine",
+            "ValueError",
+            DISAGREE + "using_weighted_combine: rank 0 has False, rank 1 has True",
+        ),
+        Failure(
+            "hidden width",
+            1,
+            "hidden",
+            "ValueError",
+            DISAGREE + "the hidden width x.shape[1]: rank 0 has 6, rank 1 has 5",
+            (0, 3),
+        ),
+        Failure(
+            "dtype",
+            1,
+            "dtype",
+            "TypeError",
+            DISAGREE + "x.dtype: rank 0 has torch.bfloat16, rank 1 has torch.float32",
+        ),
+        Failure(
+            "x requires grad on one rank",
+            1,
+            "x no grad",
+            "ValueError",
+            DISAGREE + "whether x requires a gradient: rank 0 has True, rank 1 has False",
+        ),
+        Failure(
+            "routemap dtype on one rank",
+            1,
+            "routemap dtype",
+            "TypeError",
+            "routemap must have dtype torch.int32, torch.int64; got torch.float32",
+        ),
+        Failure(
+            "num_experts not a multiple on one rank",
+            0,
+            "num_experts not a multiple",
+            "ValueError",
+            "num_experts = 3 must be a multiple of the process group's size (2)",
+            (3, 0),
+        ),
+        Failure(
+            "bad id on an empty-handed group",
+            0,
+            "bad id",
+            "ValueError",
+            "is not an expert id",
+            (2, 0),
+        ),
+        Failure("expert output rows", 1, "output rows", "ValueError", "expert_fn must return a ["),
+        Failure(
+            "expert output dtype",
+            0,
+            "output dtype",
+            "TypeError",
+            "expert_fn must return bfloat16, float16 or float32 rows; got torch.float64",
+        ),
+        Failure(
+            "expert output sparse",
+            1,
+            "output layout",
+            "TypeError",
+            "expert_fn must return a dense (strided) tensor; got torch.sparse_coo",
+        ),
+        Failure(
+            "expert output width",
+            1,
+            "output width",
+            "ValueError",
+            DISAGREE + "the width of expert_fn's output: rank 0 has 6, rank 1 has 12",
+        ),
+        Failure(
+            "expert output without grad",
+            0,
+            "output no grad",
+            "ValueError",
+            DISAGREE
+            + "whether expert_fn's output requires a gradient: rank 0 has False, rank 1 has True",
+        ),
+        Failure(
+            "expert_fn raises on an empty rank",
+            1,
+            "experts raise",
+            "ExpertParallelError",
+            "expert_fn raised ZeroDivisionError: an expert divided by zero",
+            (3, 0),
+        ),
+    ],
+    4: [
+        Failure(
+            "num_experts on rank 2",
+            2,
+            "num_experts",
+            "ValueError",
+            DISAGREE + "num_experts: rank 0 has 4, rank 2 has 8",
+            (2, 0, 3, 1),
+        ),
+        Failure(
+            "expert_fn raises on rank 3",
+            3,
+            "experts raise",
+            "ExpertParallelError",
+            "expert_fn raised ZeroDivisionError",
+            (2, 2, 0, 3),
+        ),
+    ],
+}
+SECONDS = 10  # "within seconds": the most a failing call may take on any rank
 
 
 def _free_port():
@@ -113,8 +260,12 @@ _groups = {}
 
 
 def _verdicts(ranks):
+    """The verdicts of the group of ``ranks`` processes: one case (the first call's start-up
+    time is not a failure's), the failures, then the other cases (which pass only if every
+    rank left every failure outside a collective)."""
     if ranks not in _groups:
-        _groups[ranks] = _run_group(ranks)
+        cases = CASES[ranks]
+        _groups[ranks] = _run_group(ranks, cases[:1] + FAILURES[ranks] + cases[1:])
     return _groups[ranks]
 
 
@@ -142,6 +293,41 @@ def test_against_one_process(ranks, case):
         assert not failed, f"rank {rank}: {failed}"
 
 
+@pytest.mark.parametrize(
+    "ranks,failure",
+    [(r, f) for r, failures in FAILURES.items() for f in failures],
+    ids=[f"{r}ranks-{f.name}" for r, failures in FAILURES.items() for f in failures],
+)
+def test_every_rank_raises_the_same(ranks, failure):
+    verdicts, exitcodes = _verdicts(ranks)
+    per_rank = verdicts[failure.name]
+    assert sorted(per_rank) == list(range(ranks)), f"exit codes {exitcodes}: {per_rank}"
+    for rank, result in per_rank.items():
+        assert "error" not in result, f"rank {rank}:\n{result['error']}"
+        assert result["type"] == failure.error, f"rank {rank}: {result}"
+        assert failure.text in result["message"], f"rank {rank}: {result['message']}"
+        if failure.text.startswith(DISAGREE):
+            assert f"(this is rank {rank}); every rank" in result["message"]
+        else:  # found on one rank: named
+            where = "this rank" if rank == failure.rank else f"rank {failure.rank}"
+            assert f"(on {where}; every rank raises)" in result["message"], result["message"]
+        assert result["seconds"] < SECONDS, f"rank {rank} took {result['seconds']:.1f} s"
+
+
+def test_a_rank_that_never_calls_times_out():
+    """The one failure no agreement can see: a rank that never reaches the layer. The others
+    wait in the first agreement until the process group's timeout, then raise torch's
+    error."""
+    cases = [Failure("a rank that never calls the layer", -1, "", "", "")]
+    verdicts, exitcodes = _run_group(2, cases, timeout_worker)
+    per_rank = verdicts[cases[0].name]
+    assert sorted(per_rank) == [0, 1], f"exit codes {exitcodes}: {per_rank}"
+    waited = per_rank[0]
+    assert waited["type"] is not None and "error" not in waited, waited
+    assert TIMEOUT - 0.5 <= waited["seconds"] < TIMEOUT + SECONDS, waited
+    assert exitcodes == [0, 0]
+
+
 @pytest.mark.parametrize("ranks", sorted(CASES))
 def test_every_process_ends_by_itself(ranks):
     _, exitcodes = _verdicts(ranks)
@@ -153,8 +339,8 @@ def test_every_process_ends_by_itself(ranks):
 def test_nccl_on_gpus_one_host_read_per_forward(ranks):
     """One GPU per process over NCCL (runs where that many GPUs are present; one GPU checks
     every kernel of the layer, two the exchange too): the same bits as one process on the
-    GPU, one host synchronisation per forward (the split sizes), none in the backward, no
-    status words read."""
+    GPU, one host synchronisation per forward with validate=False (the split sizes), three
+    with validate=True (the agreements' too), none in the backward, no status words read."""
     if torch.cuda.device_count() < ranks or not dist.is_nccl_available():
         pytest.skip(f"needs {ranks} CUDA GPU(s) and NCCL")
     cases = [Case("nccl", (5,) * ranks, 4 * ranks, 3)]

@@ -1,12 +1,12 @@
 """What an install gives: the CPU backend without the GPU stack, and the build that was asked
 for (OpenMP or serial)."""
 
-import os
 import subprocess
 import sys
 import textwrap
 
 import moe_cpu
+from moe_numba._environment import switch
 
 # Runs in a fresh interpreter: a permute and a weighted unpermute on NumPy arrays, checked bit
 # for bit against the oracle, then the list of what got imported.
@@ -79,16 +79,10 @@ def test_cpu_calls_do_not_import_the_gpu_stack():
     assert "loaded: []" in done.stdout
 
 
-def _switch(name, default):
-    """Read a build switch as setup.py does."""
-    value = os.environ.get(name, default).strip().lower()
-    return value not in ("", "0", "false", "no", "off")
-
-
 def test_openmp_is_as_built():
     """The default build must have OpenMP (a failed compiler probe silently makes every loop
     serial); MOE_USE_OPENMP=0, for the build and the test run, asks for the serial build."""
-    if _switch("MOE_USE_OPENMP", "1"):
+    if switch("MOE_USE_OPENMP", True):  # (setup.py's reading of its build switch)
         assert moe_cpu.openmp_enabled(), (
             "moe_cpu was built without OpenMP: the compiler's -fopenmp probe failed (the build "
             "log says why). Install an OpenMP runtime (libgomp) and rebuild, or set "

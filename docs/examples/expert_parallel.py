@@ -151,7 +151,7 @@ def compare(rank, ranks, device, on_gpu, bench):
     assert worst[0] <= 0.05 and worst[2] <= 0.05 and worst[4] <= 0.05 and worst[6] <= 0.5
 
     if bench:
-        from moe_numba.torch._distributed_bench import format_split, run_bench
+        from moe_numba.bench._distributed import format_split, run_bench
 
         split = run_bench(
             tokens=4096,

@@ -18,11 +18,11 @@ in C (the driver's function found through the ctypes handle), and whole sequence
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
 import threading
 
 from .._cache import BoundedCache
+from .._environment import switch
 
 _CU_LAUNCH_PARAM_END = 0
 _CU_LAUNCH_PARAM_BUFFER_POINTER = 1
@@ -33,7 +33,7 @@ _MOST_WORDS = 64  # the most parameters of a kernel (this package's have at most
 
 def _c_launcher():
     """The C extension :mod:`._driver_c`, or None where it is not built or is turned off."""
-    if os.environ.get("MOE_NUMBA_C_LAUNCH", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not switch("MOE_NUMBA_C_LAUNCH", True):
         return None
     try:
         from . import _driver_c

@@ -4,13 +4,16 @@ spread over the ranks of a process group (gloo on CPUs, NCCL on GPUs).
 Rank p of P owns the experts ``[p * E / P, (p + 1) * E / P)`` (:func:`local_experts`). One
 forward of :func:`expert_parallel_moe`, on every rank (docs/expert_parallel.rst draws it)::
 
+    agree    one all_gather of a few int64 per rank: this call's arguments and local
+             errors, the same on every rank or every rank raises (:mod:`._agreement`)
     counts   distinct tokens per expert on the device, one all_to_all of the counts (and,
              with validate, of each rank's routing-map check), ONE device-to-host read
     permute  moe_permute over all E experts: rows grouped by expert, so by owning rank;
              each (source rank, expert) chunk padded to padding_alignment rows
     dispatch all_to_all_single of the rows and of their probabilities
     sort     moe_sort_chunks: [source rank][local expert] -> [local expert][source rank]
-    experts  expert_fn(rows, tokens_per_expert, probs) on this rank's experts
+    experts  expert_fn(rows, tokens_per_expert, probs) on this rank's experts, then one
+             all_gather agreeing on its output (or its error)
     sort     the inverse sort, back to [source rank][local expert]
     combine  all_to_all_single back, then moe_unpermute over all E experts
 
@@ -21,6 +24,11 @@ output and every gradient are the same bits. The backward is autograd over diffe
 pieces (moe_permute / moe_unpermute / moe_sort_chunks custom ops, and an all_to_all whose
 backward is the reverse all_to_all with the saved split sizes): no host read; every rank joins
 every collective of the forward and the backward, also with no tokens.
+
+The two agreements run on CPU tensors always and on a GPU unless ``validate=False`` (there
+each is one more device-to-host read): a failure on one rank, or arguments that differ
+between ranks, then raise the same error on every rank before any payload collective
+(docs/expert_parallel.rst, "Failure behaviour").
 """
 
 from __future__ import annotations
@@ -30,20 +38,38 @@ import time
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from .. import _abi, moe_permute, moe_sort_chunks, moe_unpermute
-from .._contract import check_bool, check_int, raise_for_permute_status
+from .._contract import (
+    check_bool,
+    check_dtype,
+    check_int,
+    check_ndim,
+    check_shape,
+    is_int,
+    raise_for_permute_status,
+)
 from .._contract_sort import inverse_order
+from ._agreement import ExpertParallelError, Field, agree
 
-__all__ = ["LayerTimer", "expert_parallel_moe", "local_experts", "single_process_moe"]
+__all__ = [
+    "ExpertParallelError",
+    "LayerTimer",
+    "expert_parallel_moe",
+    "local_experts",
+    "single_process_moe",
+]
 
 ExpertFn = Callable[[torch.Tensor, Sequence[int], torch.Tensor], torch.Tensor]
 """``expert_fn(rows [N, H], tokens_per_expert, probs [N]) -> [N, H_out]``: rows expert-major
 (``tokens_per_expert[j]`` rows of local expert j, padding rows included, then the next), the
 routing probability of each row (0.0 on padding rows); bfloat16, float16 or float32 out."""
 
+_ROW_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # (index: code in agreements)
+_ROUTEMAP_DTYPES = frozenset((torch.int32, torch.int64))
 _BIG = torch.iinfo(torch.int64).max
 _STATUS = 4  # per rank: first bad slot, its id, first repeated slot, its id
 
@@ -144,7 +170,7 @@ class _NoTimer:
 
 
 def _synchronize(like):
-    if like.device.type == "cuda":
+    if isinstance(like, torch.Tensor) and like.device.type == "cuda":
         torch.cuda.synchronize(like.device)
 
 
@@ -224,12 +250,128 @@ def _padded(n, alignment):
     return -(-n // alignment) * alignment
 
 
-def _check_expert_output(out, rows):
-    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != rows:
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"expert_fn must return a [{rows}, hidden] tensor; got {shape}")
-    if out.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+def _check_inputs(x, routemap, probs, expert_fn):
+    """This rank's tensors and expert function, checked (TypeError/ValueError naming the
+    argument)."""
+    for name, value in (("x", x), ("routemap", routemap), ("probs", probs)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(value).__name__}")
+    check_ndim("x", x.shape, 2, "[num_tokens, hidden]")
+    check_dtype("x", x.dtype, _ROW_DTYPES)
+    check_ndim("routemap", routemap.shape, 2, "[num_tokens, topk]")
+    check_dtype("routemap", routemap.dtype, _ROUTEMAP_DTYPES)
+    check_shape("routemap", routemap.shape, (x.shape[0], routemap.shape[1]), "[num_tokens, topk]")
+    check_dtype("probs", probs.dtype, frozenset((torch.float32,)))
+    check_shape("probs", probs.shape, routemap.shape, "[num_tokens, topk]")
+    for name, value in (("routemap", routemap), ("probs", probs)):
+        if value.device != x.device:
+            raise ValueError(f"{name} must be on x's device ({x.device}); got {value.device}")
+    if not callable(expert_fn):
+        raise TypeError(f"expert_fn must be callable; got {type(expert_fn).__name__}")
+
+
+def _check_expert_output(out, rows, device):
+    """``expert_fn``'s output, checked, made contiguous: [rows, H_out] strided rows on
+    ``device``."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"expert_fn must return a torch.Tensor; got {type(out).__name__}")
+    if out.layout != torch.strided:
+        raise TypeError(f"expert_fn must return a dense (strided) tensor; got {out.layout}")
+    if out.dim() != 2 or out.shape[0] != rows:
+        raise ValueError(f"expert_fn must return a [{rows}, hidden] tensor; got {tuple(out.shape)}")
+    if out.dtype not in _ROW_DTYPES:
         raise TypeError(f"expert_fn must return bfloat16, float16 or float32 rows; got {out.dtype}")
+    if out.device != device:
+        raise ValueError(f"expert_fn must return rows on {device}; got {out.device}")
+    return out.contiguous()
+
+
+def _run_experts(expert_fn, rows, tokens_per_expert, probs, agreeing, group):
+    """``expert_fn``'s checked output; while ``agreeing``, the ranks agree on it (its error on
+    one rank, an exception of ``expert_fn`` included, is raised on every rank) before the
+    collective that sends it back."""
+    failure = out = None
+    try:
+        out = expert_fn(rows, tokens_per_expert, probs)
+    except Exception as error:
+        if not agreeing:
+            raise
+        failure = ExpertParallelError(f"expert_fn raised {type(error).__name__}: {error}")
+        failure.__cause__ = error
+    if failure is None:
+        try:
+            out = _check_expert_output(out, rows.shape[0], rows.device)
+        except (TypeError, ValueError) as error:
+            if not agreeing:
+                raise
+            failure = error
+    if agreeing:
+        agree(_output_fields(out), failure, rows.device, group)
+    return out
+
+
+def _field(value):
+    """An argument as an agreement value: its int, -1 where it is no int (its local check
+    fails)."""
+    return int(value) if is_int(value) or isinstance(value, (bool, np.bool_)) else -1
+
+
+def _show_dtype(code):
+    return str(_ROW_DTYPES[code]) if code >= 0 else "an unsupported dtype"
+
+
+def _show_bool(code):
+    return {0: "False", 1: "True"}.get(code, "no bool")
+
+
+def _needs_grad(tensor):
+    return int(torch.is_grad_enabled() and bool(getattr(tensor, "requires_grad", False)))
+
+
+def _call_fields(x, probs, num_experts, alignment, weighted, validate):
+    """What every rank's call must share (-1: not known, this rank's check failed)."""
+    tensor = isinstance(x, torch.Tensor) and x.dim() == 2
+    return [
+        Field("num_experts", _field(num_experts)),
+        Field("padding_alignment", _field(alignment)),
+        Field("validate", _field(validate), _show_bool),
+        Field("using_weighted_combine", _field(weighted), _show_bool),
+        Field("the hidden width x.shape[1]", x.shape[1] if tensor else -1),
+        Field(
+            "x.dtype",
+            _ROW_DTYPES.index(x.dtype) if tensor and x.dtype in _ROW_DTYPES else -1,
+            _show_dtype,
+            TypeError,
+        ),
+        Field("whether x requires a gradient", _needs_grad(x), _show_bool),
+        Field("whether probs requires a gradient", _needs_grad(probs), _show_bool),
+    ]
+
+
+def _output_fields(out):
+    """What every rank's expert output must share (-1: not known, its check failed)."""
+    ok = isinstance(out, torch.Tensor) and out.dim() == 2 and out.dtype in _ROW_DTYPES
+    return [
+        Field("the width of expert_fn's output", out.shape[1] if ok else -1),
+        Field(
+            "the dtype of expert_fn's output",
+            _ROW_DTYPES.index(out.dtype) if ok else -1,
+            _show_dtype,
+            TypeError,
+        ),
+        Field("whether expert_fn's output requires a gradient", _needs_grad(out), _show_bool),
+    ]
+
+
+def _agrees(x, validate):
+    """Whether the ranks agree before their collectives: always on CPU tensors (the
+    agreement reads no device), and on a GPU unless ``validate=False`` (there each agreement
+    is one more device-to-host read)."""
+    return _field(validate) != 0 or getattr(getattr(x, "device", None), "type", "cpu") == "cpu"
+
+
+def _device(x):
+    return x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
 
 
 def expert_parallel_moe(
@@ -281,7 +423,9 @@ def expert_parallel_moe(
         Check every rank's routing map (ids in [-1, E), no expert twice in a token) on the
         device; the verdicts travel with the counts, so every rank raises together and none
         is left waiting in a collective. False: bad ids count as -1 and a repeated expert
-        once, as in ``moe_permute``.
+        once, as in ``moe_permute``; on a GPU, False also skips the two agreements (the
+        ranks must then pass the same arguments, and an error on one rank leaves the others
+        waiting until the group's timeout). On CPU tensors the agreements always run.
     timer : LayerTimer, optional
         Adds the wall time of each stage, forward and backward (synchronising the device
         at every stage boundary).
@@ -294,37 +438,64 @@ def expert_parallel_moe(
     Raises
     ------
     ValueError
-        ``num_experts`` not a multiple of the group's size, a bad routing map on any rank
-        (with ``validate``), or an expert output of the wrong shape.
+        On every rank, naming the rank: ``num_experts`` not a multiple of the group's size,
+        a bad routing map (with ``validate``), a bad tensor shape or device, an expert
+        output of the wrong shape; or an argument that differs between ranks
+        (``num_experts``, ``padding_alignment``, ``validate``, ``using_weighted_combine``,
+        the hidden width, whether ``x``, ``probs`` or the expert output require a gradient,
+        the expert output's width).
     TypeError
-        An expert output of the wrong dtype.
+        On every rank, naming the rank: a bad argument type or dtype, an expert output of
+        the wrong dtype or layout, or an ``x`` dtype or expert output dtype that differs
+        between ranks.
+    ExpertParallelError
+        On every rank: ``expert_fn`` raised on one of them (named, with its exception's
+        type and message; chained to it on that rank).
 
     Notes
     -----
-    One device-to-host read per forward (the split sizes, after the counts' all_to_all);
-    none in the backward. The result and all gradients equal :func:`single_process_moe` on
+    One device-to-host read per forward (the split sizes, after the counts' all_to_all),
+    plus one per agreement on a GPU with ``validate=True``; none in the backward. A rank
+    that never calls the layer (or dies, or hangs in ``expert_fn``) leaves the others in a
+    collective until the process group's timeout: pass ``timeout=`` to
+    ``init_process_group``. ``expert_fn`` may return non-contiguous rows.
+
+    The result and all gradients equal :func:`single_process_moe` on
     the concatenation of every rank's batch, bit for bit, when ``expert_fn`` treats each row
     on its own (its rows arrive in the same order within each expert; only the padding
     rows are placed differently).
     """
-    check_bool("using_weighted_combine", using_weighted_combine)
-    check_bool("validate", validate)
-    alignment = check_int("padding_alignment", padding_alignment, 1)
-    experts = local_experts(num_experts, group)
     clock = _NoTimer if timer is None else timer
     stage = clock.stage
-    ranks = dist.get_world_size(group)
-    per_rank = len(experts)
-    num_tokens, topk = routemap.shape
-
+    agreeing = _agrees(x, validate)
+    failure = None
+    try:
+        check_bool("using_weighted_combine", using_weighted_combine)
+        check_bool("validate", validate)
+        alignment = check_int("padding_alignment", padding_alignment, 1)
+        experts = local_experts(num_experts, group)
+        _check_inputs(x, routemap, probs, expert_fn)
+    except (TypeError, ValueError) as error:
+        if not agreeing:
+            raise
+        failure = error
     with stage("counts", x):
+        if agreeing:
+            fields = _call_fields(
+                x, probs, num_experts, padding_alignment, using_weighted_combine, validate
+            )
+            agree(fields, failure, _device(x), group)
+        ranks = dist.get_world_size(group)
+        per_rank = len(experts)
+        num_tokens, topk = routemap.shape
         counts, words = _counts_and_status(routemap, num_experts, validate)
         message = counts.view(ranks, per_rank)
         if words is not None:
             message = torch.cat([message, words.expand(ranks, _STATUS)], 1)
         received = torch.empty_like(message)
         dist.all_to_all_single(received, message, group=group)
-        host = torch.cat([counts, received.flatten()]).tolist()  # the one device-to-host read
+        # the split sizes: the one device-to-host read besides the agreements
+        host = torch.cat([counts, received.flatten()]).tolist()
     width = message.shape[1]
     if validate:
         words = [host[num_experts + q * width + per_rank :][:_STATUS] for q in range(ranks)]
@@ -356,8 +527,7 @@ def expert_parallel_moe(
         expert_rows, expert_probs = moe_sort_chunks(rows_in, arriving, order, probs_in)
     expert_rows = clock.mark(expert_rows, "sort")
     with stage("experts", x):
-        out = expert_fn(expert_rows, tokens_per_expert, expert_probs)
-        _check_expert_output(out, expert_rows.shape[0])
+        out = _run_experts(expert_fn, expert_rows, tokens_per_expert, expert_probs, agreeing, group)
     out = clock.mark(out, "experts")
     with stage("sort", x):
         back, _ = moe_sort_chunks(out, [arriving[c] for c in order], inverse_order(order))
@@ -422,7 +592,7 @@ def single_process_moe(
         x, None, routemap, probs, num_experts, counts, alignment, validate=False
     )
     out = expert_fn(rows, [_padded(n, alignment) for n in counts], row_probs)
-    _check_expert_output(out, rows.shape[0])
+    out = _check_expert_output(out, rows.shape[0], rows.device)
     y, _ = moe_unpermute(
         out,
         rowmap,
@@ -434,9 +604,3 @@ def single_process_moe(
         validate=False,
     )
     return y
-
-
-if __name__ == "__main__":
-    from ._distributed_bench import main
-
-    main()

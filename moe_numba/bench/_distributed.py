@@ -1,4 +1,4 @@
-"""``python -m moe_numba.torch.distributed --bench``: where the expert-parallel layer's time
+"""``python -m moe_numba.bench._distributed``: where the expert-parallel layer's time
 goes, stage by stage (counts / permute / all-to-all / sort / experts / unpermute), forward and
 backward.
 
@@ -39,7 +39,7 @@ def run_bench(*, tokens, hidden, experts, topk, alignment, dtype, steps, warmup,
     Returns ``{"forward": {stage: seconds}, "backward": {stage: seconds}}``: per stage the
     slowest rank's mean per step.
     """
-    from .distributed import LayerTimer, expert_parallel_moe, local_experts
+    from ..torch.distributed import LayerTimer, expert_parallel_moe, local_experts
 
     rank = dist.get_rank(group)
     device = torch.device("cuda", torch.cuda.current_device()) if _on_cuda(group) else "cpu"
@@ -139,10 +139,9 @@ def _worker(rank, ranks, port, options, results):
 def main(argv=None):
     """Parse the command line, run the processes, print the split."""
     parser = argparse.ArgumentParser(
-        prog="python -m moe_numba.torch.distributed",
+        prog="python -m moe_numba.bench._distributed",
         description="time the expert-parallel layer's stages (gloo on this machine's CPUs)",
     )
-    parser.add_argument("--bench", action="store_true", required=True, help="run the bench")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per rank")
     parser.add_argument("--hidden", type=int, default=1024)
