@@ -109,7 +109,7 @@ def test_switches(monkeypatch, text, expected):
 @pytest.mark.parametrize("text", ["2", "maybe", "enabled"])
 def test_a_bad_switch_names_the_variable(monkeypatch, text):
     monkeypatch.setenv("MOE_NUMBA_C_LAUNCH", text)
-    from moe_numba.kernels import _driver
+    from moe_numba.runtime import _driver
 
     with pytest.raises(
         ValueError, match=f"^MOE_NUMBA_C_LAUNCH must be one of 1/true/yes/on .* got {text!r}$"

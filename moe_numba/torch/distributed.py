@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _abi, moe_permute, moe_sort_chunks, moe_unpermute
+from .._capacities import padded
 from .._contract import (
     check_bool,
     check_dtype,
@@ -244,10 +245,6 @@ def _raise_for_routing(words, rank, topk, num_experts):
                 raise
             where = "this rank" if source == rank else f"rank {source}"
             raise ValueError(f"{error} (on {where}; every rank raises)") from None
-
-
-def _padded(n, alignment):
-    return -(-n // alignment) * alignment
 
 
 def _check_inputs(x, routemap, probs, expert_fn):
@@ -503,11 +500,11 @@ def expert_parallel_moe(
     local = host[:num_experts]
     # rows of each (source rank q, local expert j) chunk arriving here, in arrival order
     arriving = [
-        _padded(host[num_experts + q * width + j], alignment)
+        padded(host[num_experts + q * width + j], alignment)
         for q in range(ranks)
         for j in range(per_rank)
     ]
-    sent = [_padded(n, alignment) for n in local]
+    sent = [padded(n, alignment) for n in local]
     input_splits = [sum(sent[q * per_rank : (q + 1) * per_rank]) for q in range(ranks)]
     output_splits = [sum(arriving[q * per_rank : (q + 1) * per_rank]) for q in range(ranks)]
     order = [q * per_rank + j for j in range(per_rank) for q in range(ranks)]
@@ -591,7 +588,7 @@ def single_process_moe(
     rows, rowmap, row_probs, _ = moe_permute(
         x, None, routemap, probs, num_experts, counts, alignment, validate=False
     )
-    out = expert_fn(rows, [_padded(n, alignment) for n in counts], row_probs)
+    out = expert_fn(rows, [padded(n, alignment) for n in counts], row_probs)
     out = _check_expert_output(out, rows.shape[0], rows.device)
     y, _ = moe_unpermute(
         out,
