@@ -246,18 +246,20 @@ def test_calls_of_other_keys_take_the_full_path(replays):
     assert shifted.data_ptr() % 16 != x.data_ptr() % 16
     for _ in range(2):
         _assert_outputs(_permute({**t, "hidden_states": shifted}, case), _expected_permute(case))
-    # new capacities of a new row count, validate=True, and a gradient to record: the full
-    # path every time
+    # new capacities of a new row count and validate=True: the full path every time
     more = dict(case, tokens_per_expert=[n + 1 for n in case["tokens_per_expert"]])
     _assert_outputs(_permute(t, more), _expected_permute(more))
     _assert_outputs(_permute(t, case, validate=True), _expected_permute(case))
+    assert replays["calls"] == 1
+    # a call that autograd records replays inside its autograd Function (no grad there)
     xg = t["hidden_states"].clone().requires_grad_(True)
     recorded = _permute({**t, "hidden_states": xg}, case)
     assert recorded[0].grad_fn is not None
-    assert replays["calls"] == 1
+    _assert_outputs([r.detach() for r in recorded], _expected_permute(case))
+    assert replays["calls"] == 2
     for _ in range(2):  # (the recorded key still replays)
         _assert_outputs(_permute(t, case), _expected_permute(case))
-    assert replays["calls"] == 3
+    assert replays["calls"] == 4
 
 
 def test_a_bool_where_an_int_was_recorded_is_refused(replays):

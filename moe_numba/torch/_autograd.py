@@ -26,7 +26,8 @@ and the backward ops skip what nothing needs.
 
 import torch
 
-from . import _direct, _ops
+from .. import _core
+from . import _direct, _ops, _replay
 from ._bridge import FLOAT8
 
 _PERMUTE_INPUTS = 12  # arguments of moe_numba::permute
@@ -278,14 +279,29 @@ def _direct_function(name, of_plan, setup_context, backward, backward_op, direct
 
 
 def _permute_of_plan(backend, plan, *inputs):
-    *arrays, _, _, _, _, _, return_expert_indices, _, validate = inputs
-    arrays = _ops.PermuteArrays(*arrays)
-    return _ops.permute_of_plan(backend, plan, arrays, return_expert_indices, validate)
+    """The op's outputs for its arguments ``inputs``: a replay where the call key was recorded
+    (grad mode is off inside a Function's forward, so the replays take it), else the direct
+    route's run, which records the key's second call."""
+    arrays = _ops.PermuteArrays(*inputs[:4])
+    num_experts, counts, alignment, *flags = inputs[4:]
+    values = (num_experts, alignment, *flags)
+    outputs = _replay.PERMUTE(arrays, values, counts)
+    if outputs is None:
+        scalars = _core.permute_scalars(*values)
+        return _direct.permute(backend, plan, arrays, scalars, counts)
+    if flags[2]:  # return_expert_indices
+        return outputs
+    return (*outputs, arrays.hidden_states.new_empty((0,), dtype=torch.int32))
 
 
 def _unpermute_of_plan(backend, plan, *inputs):
+    """As :func:`_permute_of_plan`, for the unpermute."""
     arrays = _ops.UnpermuteArrays(*inputs[:4])
-    return _ops.run_on_tensors(_ops._core.run_unpermute, backend, plan, arrays, inputs[-1])
+    values = inputs[4:]
+    outputs = _replay.UNPERMUTE(arrays, values)
+    if outputs is None:
+        return _direct.unpermute(backend, plan, arrays, _core.unpermute_scalars(*values))
+    return outputs
 
 
 DirectPermute = _direct_function(

@@ -15,10 +15,11 @@ shape, dtype, device and the low four bits of its address (the copies' word widt
 alignment), and it is contiguous (the checks require it, so its strides follow from its
 shape); every scalar argument by value and exact type (``True`` is not ``1`` here), the
 capacities included. Any other call takes the full path, which checks everything: arrays
-that are not all contiguous CUDA ``torch.Tensor`` objects, a call that
-``torch.compile`` traces or autograd records, ``validate=True``, capacities that are not a
+that are not all contiguous CUDA ``torch.Tensor`` objects, a call that takes the custom op
+(:mod:`._route`), ``validate=True``, capacities that are not a
 list or tuple of ints, a key met for the first time; and so does a replay that finds
-another current device.
+another current device. A call that autograd records replays inside its autograd
+``Function`` (:mod:`._autograd`), whose forward runs with grad mode off.
 
 A training step passes new capacities every call, so a permute's key met for the first time
 has a second chance: the same key with the capacities' row count in their place (the
