@@ -166,16 +166,16 @@ def test_table_of_gpu_results(capsys):
         "us",
     ]
     body = [line.split() for line in lines[2:]]
-    # a heading per case; the copy above the first result of each byte count
+    # a heading per case; the copy above the first result of each byte count, named after it
     assert body[0] == BF16.label().split()
-    assert body[1] == ["copy", "(same", "bytes)", "8.0", "250.0", "100.0%", "13.0", "8.0", "6.0"]
+    assert body[1] == ["copy", "for", "permute", "8.0", "250.0", "100.0%", "13.0", "8.0", "6.0"]
     assert body[2] == ["permute", "10.0", "200.0", "80.0%", "50.0", "30.0", "20.0"]
     assert body[3] == [
         *("permute", "validate=False", "9.0", "222.2", "88.9%", "40.0", "30.0", "20.0")
     ]
     # the columns line up under the header
     assert len({len(line) for line in lines[:2]} | {len(lines[3])}) == 1
-    assert body[4][:3] == ["copy", "(same", "bytes)"] and body[5][0] == "unpermute"
+    assert body[4][:4] == ["copy", "for", "unpermute", "weighted"] and body[5][0] == "unpermute"
     assert body[6] == FP8.label().split() and body[7][0] == "copy" and body[8][0] == "permute"
     assert len(body) == 9
 
@@ -187,7 +187,7 @@ def test_table_of_cpu_results(capsys):
     _report.print_table(results)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["operation", "wall", "us", "GB/s", "%", "copy", "vs", "NumPy"]
-    assert lines[3].split() == ["copy", "(same", "bytes)", "500.0", "6.0", "100.0%"]
+    assert lines[3].split() == ["copy", "for", "permute", "500.0", "6.0", "100.0%"]
     assert lines[4].split() == ["permute", "1000.0", "3.0", "50.0%", "9.0x"]
 
 
