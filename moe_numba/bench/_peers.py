@@ -140,6 +140,7 @@ def _pip_download(spec, folder, options, run):
     command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
     command += ["--only-binary=:all:", "--dest", folder, *options, spec]
     print(f"peers: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    os.makedirs(folder, exist_ok=True)
     done = run(command, check=False)
     wheels = [f for f in os.listdir(folder) if f.endswith(".whl")]
     if done.returncode != 0 or len(wheels) != 1:
