@@ -156,3 +156,21 @@ def test_cuda_arrays_without_numba_raise_gpu_unavailable():
         assert "WRONG" not in line, line
         assert "GPUUnavailableError: CUDA arrays were passed" in line
         assert "pip install 'moe-numba[gpu]'" in line
+
+
+def test_a_bad_build_job_count_is_refused():
+    """``MOE_BUILD_JOBS`` must be a whole number of at least 1; the build says so."""
+    import pytest
+
+    pytest.importorskip("Cython", reason="setup.py needs Cython (the build requirements)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext"],  # refused before it compiles
+        cwd=root,
+        env=dict(os.environ, MOE_BUILD_JOBS="zero"),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "MOE_BUILD_JOBS: expected a whole number of at least 1; got 'zero'" in done.stderr

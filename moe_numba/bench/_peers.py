@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from .. import moe_permute, moe_unpermute
 from ._bytes import dense_permute_bytes, permute_bytes, unpermute_bytes
 from ._cases import Case, make_inputs
+from ._cuda import warn_hold_timeouts
 from ._workload import Operation, time_operations
 
 # The peers' published versions this bench was written against, and what is taken from them.
@@ -337,6 +338,7 @@ class PeerBench:
         tensors on the GPU), each timed by ``timer`` beside a copy of its bytes."""
         import torch
 
+        before = getattr(timer, "hold_timeouts", 0)
         x = make_inputs(case)
         hidden, scale, routemap, probs = (
             target.upload(a) for a in (x.hidden, x.scale, x.routemap, x.probs)
@@ -370,6 +372,7 @@ class PeerBench:
                 results += bench_gradients(torch, peer, inputs, ours, target, timer, self._note)
             except Exception as error:  # as above: the forward results stand
                 self.notes.append((case, f"gradients beside {TE} FAILED: {_reason(error)}"))
+        warn_hold_timeouts(case, getattr(timer, "hold_timeouts", 0) - before)
         return results
 
     def _note(self, case, line):
