@@ -12,7 +12,18 @@ import pytest
 from _cases import assert_same_bits
 from moe_numba import _oracle, moe_permute
 from moe_numba.__main__ import main
-from moe_numba.bench import _bytes, _cases, _cuda, _numpy, _report, _results, _timers
+from moe_numba.bench import (
+    Settings,
+    _bytes,
+    _cases,
+    _cpu,
+    _cuda,
+    _numpy,
+    _report,
+    _results,
+    _timers,
+    run,
+)
 from moe_numba.bench._cases import Case
 from moe_numba.bench._results import Result
 from moe_numba.bench._target import CpuTarget
@@ -380,3 +391,21 @@ def test_cpu_bench_prints_saves_and_compares(tmp_path, capsys):
     assert main(["bench", "--backend=cpu", *TINY_ARGS, f"--compare={path}"]) == 0
     out = capsys.readouterr().out
     assert f"compared with {path}" in out and "not in" not in out
+
+
+def test_a_run_prints_each_shape_as_it_finishes(monkeypatch, capsys):
+    """A sweep prints a shape's rows before the next shape starts, the titles once."""
+    cases = [Case(**TINY, dtype="bf16"), Case(**dict(TINY, tokens=32), dtype="bf16")]
+    printed_before = []
+    bench_case = _cpu.bench_case
+
+    def recording(case, target, timer):
+        printed_before.append(capsys.readouterr().out)
+        return bench_case(case, target, timer)
+
+    monkeypatch.setattr(_cpu, "bench_case", recording)
+    assert run(Settings(CpuTarget(), cases, repeat=1)) == 0
+    last = capsys.readouterr().out
+    assert printed_before[0] == ""
+    assert cases[0].label() in printed_before[1] and "operation" in printed_before[1]
+    assert cases[1].label() in last and "operation" not in last

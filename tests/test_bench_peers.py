@@ -230,6 +230,8 @@ class _TorchCpuTarget:
 
 
 class _Timer:
+    hold_timeouts = 0
+
     def time(self, fn, synchronizes=False):
         fn()
         return dict.fromkeys(_results.CUDA_MODES, 2.0)

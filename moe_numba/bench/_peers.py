@@ -338,7 +338,7 @@ class PeerBench:
         tensors on the GPU), each timed by ``timer`` beside a copy of its bytes."""
         import torch
 
-        before = getattr(timer, "hold_timeouts", 0)
+        before = timer.hold_timeouts
         x = make_inputs(case)
         hidden, scale, routemap, probs = (
             target.upload(a) for a in (x.hidden, x.scale, x.routemap, x.probs)
@@ -351,7 +351,6 @@ class PeerBench:
         builders = {OURS: _our_ops, TE: _te_ops, VLLM: _vllm_ops}
         copies, results = {}, []
         for impl, build in builders.items():
-            ops = ()
             try:
                 peer = self.peers.get(impl, None)
                 if isinstance(peer, str):
@@ -372,7 +371,7 @@ class PeerBench:
                 results += bench_gradients(torch, peer, inputs, ours, target, timer, self._note)
             except Exception as error:  # as above: the forward results stand
                 self.notes.append((case, f"gradients beside {TE} FAILED: {_reason(error)}"))
-        warn_hold_timeouts(case, getattr(timer, "hold_timeouts", 0) - before)
+        warn_hold_timeouts(case, timer.hold_timeouts - before)
         return results
 
     def _note(self, case, line):
