@@ -8,7 +8,9 @@ in the same run in the same modes, is the roofline (:mod:`._bytes` counts the by
 Modules: ``_cases`` (shapes and inputs), ``_bytes`` (byte accounting), ``_target`` (the
 array library: every per-library choice), ``_timers``, ``_workload`` (the timed calls),
 ``_cpu`` and ``_cuda`` (the bench per backend), ``_numpy`` (the CPU baseline), ``_results``
-(results and their JSON), ``_report`` (table, comparison), ``_plot``, ``_run`` (one run).
+(results and their JSON), ``_report`` (table, comparison), ``_plot``, ``_run`` (one run),
+``_peers`` and ``_peer_gradients`` (``--peers``: the same ops of Transformer Engine and vLLM
+beside moe-numba's, and the gradients beside Transformer Engine's).
 The command line and its checks are in :mod:`moe_numba.__main__`.
 """
 
