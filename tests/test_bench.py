@@ -409,3 +409,23 @@ def test_a_run_prints_each_shape_as_it_finishes(monkeypatch, capsys):
     assert printed_before[0] == ""
     assert cases[0].label() in printed_before[1] and "operation" in printed_before[1]
     assert cases[1].label() in last and "operation" not in last
+
+
+def test_each_operation_gets_its_copy_row_even_at_equal_bytes(capsys):
+    """A permute and an unpermute that move the same bytes each have their copy row (the
+    permute's options share it)."""
+    _report.print_table(
+        [
+            _gpu_result(BF16, "permute", 1_000_000, 10.0, 8.0),
+            _gpu_result(BF16, "permute validate=False", 1_000_000, 9.0, 8.0),
+            _gpu_result(BF16, "unpermute weighted", 1_000_000, 5.0, 8.0),
+        ]
+    )
+    names = [" ".join(line.split()[:3]) for line in capsys.readouterr().out.splitlines()[3:]]
+    assert names == [
+        "copy for permute",
+        "permute 10.0 100.0",
+        "permute validate=False 9.0",
+        "copy for unpermute",
+        "unpermute weighted 5.0",
+    ]

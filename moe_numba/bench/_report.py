@@ -11,20 +11,27 @@ _OP = 44  # width of the operation column (indented under its case)
 
 def copy_name(op):
     """The row of the copy that moves the bytes of ``op`` (the operation it is printed
-    above, and every one after it that moves as many bytes)."""
+    above, and those after it of the same operation that move as many bytes)."""
     return f"copy for {op}"
+
+
+def _family(op):
+    """The operation whatever its options and implementation: ``"permute"`` for
+    ``"permute validate=False"`` and for a peer's ``"permute, TE"``."""
+    return op.split(",")[0].removesuffix(" validate=False")
 
 
 def _rows(results):
     """``(case or None, name, figures, result or None, is_copy)`` per printed row: a heading
-    per case, then per result its copy (where the bytes change) and itself."""
-    case = nbytes = None
+    per case, then per result its copy (where the bytes or the operation change) and
+    itself."""
+    case = served = None
     for r in results:
         if r.case != case:
-            case, nbytes = r.case, None
+            case, served = r.case, None
             yield r.case, None, None, None, False
-        if r.nbytes != nbytes:
-            nbytes = r.nbytes
+        if (r.nbytes, _family(r.op)) != served:
+            served = (r.nbytes, _family(r.op))
             yield None, copy_name(r.op), r.copy_us, r, True
         yield None, r.op, r.us, r, False
 
