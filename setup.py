@@ -6,6 +6,10 @@ serially (Cython guards its pragmas with ``#ifdef _OPENMP``). Set ``MOE_CYTHON_A
 write the annotated HTML next to the sources, and ``MOE_CYTHON_DEBUG=1`` for a bounds-checked
 build (``boundscheck``, ``wraparound`` and ``initializedcheck`` on: every memoryview index is
 checked; slower, for ``tox -e cpu-debug``).
+
+The extensions are compiled in parallel, one C compiler process per CPU this process may run
+on (``MOE_BUILD_JOBS=N`` or ``build_ext -j N`` sets the count), and each one's start and
+finish is printed to stderr, which pip shows with ``pip install -v``.
 """
 
 import importlib.util
@@ -15,9 +19,11 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 _OMP_PROBE = """
 #include <omp.h>
@@ -66,6 +72,54 @@ def openmp_flags():
     if done.returncode != 0:
         return [], f"{compiler[0]} -fopenmp failed"
     return ["-fopenmp"], f"{compiler[0]} -fopenmp"
+
+
+def cpu_count():
+    """CPUs this process may run on (its affinity mask where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def build_jobs():
+    """Compiler processes to run at once: ``MOE_BUILD_JOBS``, else the CPU count."""
+    text = os.environ.get("MOE_BUILD_JOBS", "").strip()
+    if not text:
+        return cpu_count()
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise SystemExit(f"MOE_BUILD_JOBS: expected a whole number of at least 1; got {text!r}")
+    return jobs
+
+
+class ParallelBuildExt(build_ext):
+    """``build_ext`` that compiles the extensions in parallel by default and says, on
+    stderr, when each one starts and ends (a build on one slow core otherwise looks hung)."""
+
+    def finalize_options(self):
+        if self.parallel is None:  # no -j given
+            self.parallel = build_jobs()
+        super().finalize_options()
+
+    def build_extensions(self):
+        jobs = self.parallel if self.parallel and self.parallel is not True else cpu_count()
+        print(
+            f"moe_cpu: compiling {len(self.extensions)} C extensions, {jobs} at a time "
+            "(C compiler: the CC environment variable, else Python's)",
+            file=sys.stderr,
+            flush=True,
+        )
+        super().build_extensions()
+
+    def build_extension(self, ext):
+        start = time.perf_counter()
+        print(f"moe_cpu: compiling {ext.name} ...", file=sys.stderr, flush=True)
+        super().build_extension(ext)
+        took = time.perf_counter() - start
+        print(f"moe_cpu: compiled {ext.name} in {took:.0f} s", file=sys.stderr, flush=True)
 
 
 omp, why = openmp_flags()
@@ -117,6 +171,7 @@ for module in ("moe_numba.runtime._driver_c", "moe_numba.torch._replay_c"):
     extensions.append(Extension(module, [source], depends=[source], extra_compile_args=["-O2"]))
 
 setup(
+    cmdclass={"build_ext": ParallelBuildExt},
     options={"build": {"build_base": build_base}},
     ext_modules=cythonize(
         extensions,

@@ -129,6 +129,9 @@ def _parser():
         metavar="FILE.png",
         help="plot %% of the copy against T (with --sweep; needs matplotlib)",
     )
+    from .bench._peers import add_options
+
+    add_options(bench)
     return parser, {"demo": demo, "bench": bench}
 
 
@@ -214,9 +217,16 @@ def bench_settings(parser, args):
             _check_writable(parser, f"--{option}", getattr(args, option))
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("argument --plot: needs matplotlib: pip install 'moe-numba[bench]'")
-    target = _target(parser, args.backend)
+    if args.peers or args.peers_cache or args.gradients:
+        from .bench import _peers
+
+        target = _peers.peer_target(parser, args)
+    else:
+        target = _target(parser, args.backend)
     if args.sweep:
         cases = _cases.sweep(target.device, args.quick)
+    elif args.peers and all(value is None for value in given.values()):
+        cases = list(_peers.CASES)
     else:
         default = _cases.defaults(target.device)
         experts = given["experts"] or default["experts"]
@@ -227,7 +237,8 @@ def bench_settings(parser, args):
     runs = [(_footprint.bench_need(case, target.device), case.label()) for case in cases]
     _check_fits(parser, target.device, runs)
     repeat = args.repeat or _cases.REPEATS[target.device, args.quick]
-    return Settings(target, cases, repeat, args.json, previous, args.plot)
+    peers = _peers.prepare(parser, args) if args.peers else None
+    return Settings(target, cases, repeat, args.json, previous, args.plot, peers)
 
 
 def main(argv=None):

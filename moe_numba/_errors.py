@@ -11,6 +11,15 @@ INSTALL_GPU_EXTRA = (
     "NVRTC, nvJitLink): pip install 'moe-numba[gpu]'"
 )
 
+
+def numba_unavailable(error):
+    """The :class:`GPUUnavailableError` for CUDA arrays on an install where ``import numba``
+    fails with ``error`` (an :class:`ImportError`), to raise ``from error``."""
+    return GPUUnavailableError(
+        f"CUDA arrays were passed but numba.cuda cannot be imported ({error}); " + INSTALL_GPU_EXTRA
+    )
+
+
 # numba-cuda's exception types for missing CUDA compiler libraries, by name (they live in
 # modules that differ between numba-cuda versions)
 MISSING_TOOLKIT_ERRORS = ("DynamicLibNotFoundError", "NvvmSupportError", "NvrtcSupportError")

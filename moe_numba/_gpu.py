@@ -11,7 +11,7 @@ from ._cache import BoundedCache
 from ._contract import UnpermuteArrays
 from ._contract_backward import unpermute_backward_outputs
 from ._contract_sort import sort_outputs
-from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError
+from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError, numba_unavailable
 from ._libraries import array_library
 from ._outputs import permute_outputs, unpermute_outputs
 from .runtime._buffer import DeviceBuffer
@@ -27,10 +27,7 @@ def gpu_backend():
         try:
             from numba import config, cuda
         except ImportError as error:
-            raise GPUUnavailableError(
-                f"CUDA arrays were passed but numba.cuda cannot be imported ({error}); "
-                + INSTALL_GPU_EXTRA
-            ) from error
+            raise numba_unavailable(error) from error
         if not config.ENABLE_CUDASIM and not cuda.is_available():
             raise GPUUnavailableError(
                 "CUDA arrays were passed but numba.cuda finds no usable GPU/driver. Check "

@@ -18,9 +18,16 @@ with the command that runs them:
 - ``sim``: runs the kernels in the simulator (every ``cudasim`` case gets it here; modules
   that only make sense there set it themselves);
 - ``ptx``: compiles the kernels with the real CUDA target (no GPU needed).
+
+In the simulator's process ``test_ptx.py`` is not collected at all (its imports need the real
+target), so that the session's counts add up: every collected test passes, fails or is
+skipped. The header counts the skips known at collection by reason, and the terminal summary
+counts every skip of the run by reason (``-rs`` lists them one by one).
 """
 
 import os
+import sys
+from collections import Counter
 
 os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
 
@@ -29,6 +36,19 @@ import pytest  # noqa: E402
 from _backends import BACKENDS, available_backends, simulator_on  # noqa: E402
 
 SIM_COMMAND = "NUMBA_ENABLE_CUDASIM=1 python -m pytest -m sim -n auto"
+PTX_MODULE = "test_ptx.py"
+
+# numba's simulator runs each thread of a block as a Python thread while the block's manager
+# polls them in a loop that holds the GIL until the interpreter's switch interval (5 ms by
+# default) forces it out: every barrier (syncthreads, and syncwarp in the simulator) waits
+# that long before a thread runs again. A short interval lets the threads run as soon as the
+# manager has released them; it changes no result, only when threads take turns.
+if simulator_on():
+    sys.setswitchinterval(1e-4)
+
+# A module that skips itself at collection counts as one skip but is no test: the
+# simulator's process leaves the PTX module out instead, and the header says so.
+collect_ignore = [PTX_MODULE] if simulator_on() else []
 
 
 def pytest_addoption(parser):
@@ -110,13 +130,65 @@ def pytest_report_collectionfinish(config, start_path, items):
     for marker, (what, how, elsewhere) in parts.items():
         marked = [item for item in items if item.get_closest_marker(marker)]
         skipped = sum(any(m.name == "skip" for m in item.iter_markers()) for item in marked)
-        if not marked:
+        if marker == "ptx" and simulator_on():
+            lines.append(f"{what}: tests/{PTX_MODULE} not collected in the simulator ({elsewhere})")
+        elif not marked:
             lines.append(f"{what}: not selected")
         elif skipped:
             lines.append(f"{what}: {skipped} tests skipped in this process ({elsewhere})")
         else:
             lines.append(f"{what}: {len(marked)} tests, {how}")
+    planned = Counter(reason for reason in map(_skip_reason, items) if reason is not None)
+    if planned:
+        lines.append(
+            f"{sum(planned.values())} of {len(items)} tests will be skipped here "
+            "(more may skip themselves while running; the summary at the end counts them all):"
+        )
+        lines += [f"  {count:5d}  {reason}" for reason, count in planned.most_common()]
     return lines
+
+
+def _skip_reason(item):
+    """The reason of the ``skip`` or true ``skipif`` mark that skips ``item``, or None.
+
+    As pytest does: the first true ``skipif`` decides, then ``skip`` (every condition in this
+    suite is a bool computed at import).
+    """
+    for mark in item.iter_markers("skipif"):
+        conditions = mark.args or (mark.kwargs.get("condition"),)
+        if any(c for c in conditions if not isinstance(c, str)):
+            return mark.kwargs.get("reason", "skipif")
+    for mark in item.iter_markers("skip"):
+        return mark.kwargs.get("reason", mark.args[0] if mark.args else "unconditional skip")
+    return None
+
+
+def _reported_reason(report):
+    """The reason a skipped test's report gives (its ``longrepr`` is (path, line, reason))."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def _module_name(report):
+    return report.nodeid.partition("::")[0].rpartition("/")[2]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Every skip of the run, counted by reason, with the modules that have most of them (the
+    one-by-one list is ``-rs``; the default options list failures and errors only)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    modules = {}
+    for report in skipped:
+        modules.setdefault(_reported_reason(report), Counter())[_module_name(report)] += 1
+    terminalreporter.section(f"{len(skipped)} skipped, by reason (-rs lists each)", sep="-")
+    for reason, counts in sorted(modules.items(), key=lambda kv: -kv[1].total()):
+        top = ", ".join(f"{name} {n}" for name, n in counts.most_common(3))
+        more = len(counts) - 3
+        top += f", {more} more module{'s' if more > 1 else ''}" if more > 0 else ""
+        terminalreporter.write_line(f"{counts.total():5d}  {reason}  [{top}]")
 
 
 def _cpu_build():

@@ -12,7 +12,18 @@ import pytest
 from _cases import assert_same_bits
 from moe_numba import _oracle, moe_permute
 from moe_numba.__main__ import main
-from moe_numba.bench import _bytes, _cases, _cuda, _numpy, _report, _results, _timers
+from moe_numba.bench import (
+    Settings,
+    _bytes,
+    _cases,
+    _cpu,
+    _cuda,
+    _numpy,
+    _report,
+    _results,
+    _timers,
+    run,
+)
 from moe_numba.bench._cases import Case
 from moe_numba.bench._results import Result
 from moe_numba.bench._target import CpuTarget
@@ -166,16 +177,16 @@ def test_table_of_gpu_results(capsys):
         "us",
     ]
     body = [line.split() for line in lines[2:]]
-    # a heading per case; the copy above the first result of each byte count
+    # a heading per case; the copy above the first result of each byte count, named after it
     assert body[0] == BF16.label().split()
-    assert body[1] == ["copy", "(same", "bytes)", "8.0", "250.0", "100.0%", "13.0", "8.0", "6.0"]
+    assert body[1] == ["copy", "for", "permute", "8.0", "250.0", "100.0%", "13.0", "8.0", "6.0"]
     assert body[2] == ["permute", "10.0", "200.0", "80.0%", "50.0", "30.0", "20.0"]
     assert body[3] == [
         *("permute", "validate=False", "9.0", "222.2", "88.9%", "40.0", "30.0", "20.0")
     ]
     # the columns line up under the header
     assert len({len(line) for line in lines[:2]} | {len(lines[3])}) == 1
-    assert body[4][:3] == ["copy", "(same", "bytes)"] and body[5][0] == "unpermute"
+    assert body[4][:4] == ["copy", "for", "unpermute", "weighted"] and body[5][0] == "unpermute"
     assert body[6] == FP8.label().split() and body[7][0] == "copy" and body[8][0] == "permute"
     assert len(body) == 9
 
@@ -187,7 +198,7 @@ def test_table_of_cpu_results(capsys):
     _report.print_table(results)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["operation", "wall", "us", "GB/s", "%", "copy", "vs", "NumPy"]
-    assert lines[3].split() == ["copy", "(same", "bytes)", "500.0", "6.0", "100.0%"]
+    assert lines[3].split() == ["copy", "for", "permute", "500.0", "6.0", "100.0%"]
     assert lines[4].split() == ["permute", "1000.0", "3.0", "50.0%", "9.0x"]
 
 
@@ -380,3 +391,41 @@ def test_cpu_bench_prints_saves_and_compares(tmp_path, capsys):
     assert main(["bench", "--backend=cpu", *TINY_ARGS, f"--compare={path}"]) == 0
     out = capsys.readouterr().out
     assert f"compared with {path}" in out and "not in" not in out
+
+
+def test_a_run_prints_each_shape_as_it_finishes(monkeypatch, capsys):
+    """A sweep prints a shape's rows before the next shape starts, the titles once."""
+    cases = [Case(**TINY, dtype="bf16"), Case(**dict(TINY, tokens=32), dtype="bf16")]
+    printed_before = []
+    bench_case = _cpu.bench_case
+
+    def recording(case, target, timer):
+        printed_before.append(capsys.readouterr().out)
+        return bench_case(case, target, timer)
+
+    monkeypatch.setattr(_cpu, "bench_case", recording)
+    assert run(Settings(CpuTarget(), cases, repeat=1)) == 0
+    last = capsys.readouterr().out
+    assert printed_before[0] == ""
+    assert cases[0].label() in printed_before[1] and "operation" in printed_before[1]
+    assert cases[1].label() in last and "operation" not in last
+
+
+def test_each_operation_gets_its_copy_row_even_at_equal_bytes(capsys):
+    """A permute and an unpermute that move the same bytes each have their copy row (the
+    permute's options share it)."""
+    _report.print_table(
+        [
+            _gpu_result(BF16, "permute", 1_000_000, 10.0, 8.0),
+            _gpu_result(BF16, "permute validate=False", 1_000_000, 9.0, 8.0),
+            _gpu_result(BF16, "unpermute weighted", 1_000_000, 5.0, 8.0),
+        ]
+    )
+    names = [" ".join(line.split()[:3]) for line in capsys.readouterr().out.splitlines()[3:]]
+    assert names == [
+        "copy for permute",
+        "permute 10.0 100.0",
+        "permute validate=False 9.0",
+        "copy for unpermute",
+        "unpermute weighted 5.0",
+    ]

@@ -91,3 +91,80 @@ def test_openmp_is_as_built():
     else:
         assert not moe_cpu.openmp_enabled(), "MOE_USE_OPENMP=0, but moe_cpu has OpenMP"
         assert moe_cpu.get_num_threads() == 1
+
+
+# Runs in a fresh interpreter without numba: each op is called with objects that have
+# ``__cuda_array_interface__`` (a CUDA array of any producer) and must raise
+# GPUUnavailableError, which says what to install.
+_CUDA_CALLS_WITHOUT_NUMBA = textwrap.dedent(
+    """
+    import sys
+
+    sys.modules["numba"] = None  # `import numba` fails, as when it is not installed
+
+    from moe_numba import GPUUnavailableError, moe_permute, moe_unpermute
+
+    class CudaArray:
+        def __init__(self, shape, typestr):
+            self.__cuda_array_interface__ = {
+                "shape": shape, "typestr": typestr, "data": (0, False), "version": 3,
+                "strides": None,
+            }
+
+    hidden, routemap, probs = CudaArray((4, 8), "<f4"), CudaArray((4, 2), "<i4"), CudaArray(
+        (4, 2), "<f4"
+    )
+    calls = {
+        "moe_permute": lambda: moe_permute(hidden, None, routemap, probs, 3, [2, 2, 2], 1),
+        "moe_unpermute": lambda: moe_unpermute(
+            CudaArray((6, 8), "<f4"), CudaArray((4, 3), "<i4"), routemap, CudaArray((6,), "<f4"),
+            4, 3,
+        ),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+        except GPUUnavailableError as error:
+            print(name, "GPUUnavailableError:", error)
+        except Exception as error:
+            print(name, "WRONG", type(error).__name__, error)
+        else:
+            print(name, "WRONG: no error")
+    """
+)
+
+
+def test_cuda_arrays_without_numba_raise_gpu_unavailable():
+    """An install without the GPU stack meets a CUDA array (``__cuda_array_interface__``):
+    every op raises GPUUnavailableError naming the GPU extra, not numba's import error."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CUDA_CALLS_WITHOUT_NUMBA],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout
+    for line in lines:
+        assert "WRONG" not in line, line
+        assert "GPUUnavailableError: CUDA arrays were passed" in line
+        assert "pip install 'moe-numba[gpu]'" in line
+
+
+def test_a_bad_build_job_count_is_refused():
+    """``MOE_BUILD_JOBS`` must be a whole number of at least 1; the build says so."""
+    import pytest
+
+    pytest.importorskip("Cython", reason="setup.py needs Cython (the build requirements)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext"],  # refused before it compiles
+        cwd=root,
+        env=dict(os.environ, MOE_BUILD_JOBS="zero"),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "MOE_BUILD_JOBS: expected a whole number of at least 1; got 'zero'" in done.stderr

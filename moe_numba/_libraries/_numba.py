@@ -7,6 +7,7 @@ import importlib.util
 
 import numpy as np
 
+from .._errors import numba_unavailable
 from ..runtime._buffer import DeviceBuffer
 from ._protocol import ML_DTYPE_BITS, has_cuda_array_interface, loaded_type
 
@@ -48,7 +49,12 @@ class NumbaLibrary:
         return not config.ENABLE_CUDASIM and cuda.is_available()
 
     def __init__(self):
-        from numba import config, cuda
+        # the first CUDA array of a call meets this adapter before the GPU backend loads, so
+        # an install without numba is told here what to install
+        try:
+            from numba import config, cuda
+        except ImportError as error:
+            raise numba_unavailable(error) from error
 
         self.cuda = cuda
         self.device_array_type = None

@@ -19,11 +19,16 @@ def bench_case(case, target, timer):
     before = timer.hold_timeouts
     ops = operations(case, target, validates=(True, False))
     results = time_operations(case, ops, target, timer)
-    timeouts = timer.hold_timeouts - before
+    warn_hold_timeouts(case, timer.hold_timeouts - before)
+    return results
+
+
+def warn_hold_timeouts(case, timeouts):
+    """Say on stderr that ``timeouts`` timed batches of ``case`` outlasted the stream hold
+    (their GPU times then include host time), if any did."""
     if timeouts:
         print(
             f"warning: {case.label()}: {timeouts} timed batch(es) took the host longer to "
             "enqueue than the stream hold lasts; their GPU times include host time",
             file=sys.stderr,
         )
-    return results

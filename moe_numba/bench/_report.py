@@ -6,29 +6,43 @@ import sys
 
 from ._results import MODE_TITLES
 
-_OP = 36  # width of the operation column (indented under its case)
-COPY = "copy (same bytes)"
+_OP = 44  # width of the operation column (indented under its case)
+
+
+def copy_name(op):
+    """The row of the copy that moves the bytes of ``op`` (the operation it is printed
+    above, and those after it of the same operation that move as many bytes)."""
+    return f"copy for {op}"
+
+
+def _family(op):
+    """The operation whatever its options and implementation: ``"permute"`` for
+    ``"permute validate=False"`` and for a peer's ``"permute, TE"``."""
+    return op.split(",")[0].removesuffix(" validate=False")
 
 
 def _rows(results):
-    """``(case or None, name, figures, result or None)`` per printed row: a heading per
-    case, then per result its copy (where the bytes change) and itself."""
-    case = nbytes = None
+    """``(case or None, name, figures, result or None, is_copy)`` per printed row: a heading
+    per case, then per result its copy (where the bytes or the operation change) and
+    itself."""
+    case = served = None
     for r in results:
         if r.case != case:
-            case, nbytes = r.case, None
-            yield r.case, None, None, None
-        if r.nbytes != nbytes:
-            nbytes = r.nbytes
-            yield None, COPY, r.copy_us, r
-        yield None, r.op, r.us, r
+            case, served = r.case, None
+            yield r.case, None, None, None, False
+        if (r.nbytes, _family(r.op)) != served:
+            served = (r.nbytes, _family(r.op))
+            yield None, copy_name(r.op), r.copy_us, r, True
+        yield None, r.op, r.us, r, False
 
 
-def print_table(results, out=None):
+def print_table(results, out=None, header=True):
     """Print one row per result under a heading per case: its median time in every mode,
     GB/s and % of the copy from the first mode, and the speed-up over NumPy where measured.
 
-    The copy of the same bytes, in the same modes, is printed above the results it serves.
+    The copy of the same bytes, in the same modes, is printed above the results it serves
+    and names the first of them. ``header``: print the column titles first (a run that
+    prints each case as it finishes prints them once).
     """
     if not results:
         return
@@ -36,18 +50,18 @@ def print_table(results, out=None):
     modes = results[0].modes
     numpy = any(r.numpy_us for r in results)
     widths = [max(10, len(MODE_TITLES[m]) + 3) for m in modes]  # (a title and " us")
-    header = f"{'operation':<{_OP}} {MODE_TITLES[modes[0]] + ' us':>10} {'GB/s':>8} {'% copy':>7}"
-    header += "".join(
+    titles = f"{'operation':<{_OP}} {MODE_TITLES[modes[0]] + ' us':>10} {'GB/s':>8} {'% copy':>7}"
+    titles += "".join(
         f" {MODE_TITLES[m] + ' us':>{w}}" for m, w in zip(modes[1:], widths[1:], strict=True)
     )
-    header += f" {'vs NumPy':>9}" if numpy else ""
-    print(header, file=out)
-    print("-" * len(header), file=out)
-    for case, name, figures, r in _rows(results):
+    titles += f" {'vs NumPy':>9}" if numpy else ""
+    if header:
+        print(titles, file=out)
+        print("-" * len(titles), file=out)
+    for case, name, figures, r, is_copy in _rows(results):
         if case is not None:
             print(case.label(), file=out)
             continue
-        is_copy = name == COPY
         gbps = r.copy_gbps if is_copy else r.gbps
         percent = 100.0 if is_copy else r.percent
         line = f"  {name:<{_OP - 2}} {figures[modes[0]]:10.1f} {gbps:8.1f} {percent:6.1f}%"
@@ -65,16 +79,16 @@ def print_comparison(results, previous, path, out=None):
     old = {r.key(): r for r in previous}
     print(f"\ncompared with {path}: old time / new time (> 1: faster now)", file=out)
     missing = 0
-    for case, name, figures, r in _rows(results):
+    for case, name, figures, r, is_copy in _rows(results):
         if case is not None:
             print(case.label(), file=out)
             continue
         before = old.get(r.key())
         if before is None:
-            missing += name != COPY
+            missing += not is_copy
             print(f"  {name:<{_OP - 2}} (not in {path})", file=out)
             continue
-        before_figures = before.copy_us if name == COPY else before.us
+        before_figures = before.copy_us if is_copy else before.us
         cells = [
             f"{MODE_TITLES[m]} {before_figures[m] / figures[m]:5.2f}x "
             f"({before_figures[m]:.1f} -> {figures[m]:.1f} us)"

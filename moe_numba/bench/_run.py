@@ -1,5 +1,5 @@
-"""One run of the bench: its cases in order, progress on stderr, then the table, the JSON,
-the comparison and the plot."""
+"""One run of the bench: its cases in order, progress on stderr, each case's rows of the table
+as soon as it is timed (and the JSON rewritten), then the comparison and the plot."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ class Settings:
         ``(path, results)`` of an earlier run to compare with.
     plot : str or None
         Where to save the plot.
+    peers : PeerBench or None
+        Time the peers' ops beside moe-numba's (:mod:`._peers`), loaded.
     """
 
     target: object
@@ -37,10 +39,12 @@ class Settings:
     json: str | None = None
     previous: tuple | None = None
     plot: str | None = None
+    peers: object = None
 
 
 def run(settings):
-    """Time every case of ``settings`` and report; returns the exit status (0)."""
+    """Time every case of ``settings`` and report; returns the exit status (0, or with
+    peers 1 when a peer's output differs from moe-numba's)."""
     target, cases = settings.target, settings.cases
     print(
         f"backend: {target.description}; {len(cases)} shape(s), "
@@ -54,6 +58,8 @@ def run(settings):
         from . import _cpu as backend
         from ._timers import WallTimer as Timer
     timer = Timer(settings.repeat)
+    peers = settings.peers
+    bench_case = backend.bench_case if peers is None else peers.bench_case
 
     results = []
     began = time.perf_counter()
@@ -63,14 +69,18 @@ def run(settings):
             file=sys.stderr,
             flush=True,
         )
-        results += backend.bench_case(case, target, timer)
+        found = bench_case(case, target, timer)
+        print_table(found, header=not results)
+        if peers is not None:
+            peers.print_notes(case)
+        sys.stdout.flush()
+        results += found
         if settings.json:  # after every shape, so that a run cut short keeps what it measured
             _results.save(settings.json, target.description, results)
-    print_table(results)
     if settings.previous:
         print_comparison(results, settings.previous[1], settings.previous[0])
     if settings.plot:
         from ._plot import plot
 
         plot(results, settings.plot, target.description)
-    return 0
+    return 0 if peers is None else peers.status()

@@ -65,11 +65,15 @@ def operations(case, target, validates=(True,)):
     return ops
 
 
-def time_operations(case, ops, target, timer):
+def time_operations(case, ops, target, timer, copies=None):
     """A :class:`._results.Result` per operation: ``timer``'s figures of the call and of a
     copy of the same bytes on ``target``, timed once per byte count, right before the first
-    operation that moves them."""
-    copies = {}
+    operation that moves them.
+
+    ``copies``, when given, is a dict of the copies' figures by byte count that this call
+    reads and adds to, so that several calls on one case time each copy once.
+    """
+    copies = {} if copies is None else copies
     results = []
     for op in ops:
         if op.nbytes not in copies:
