@@ -238,6 +238,10 @@ def bench_settings(parser, args):
     _check_fits(parser, target.device, runs)
     repeat = args.repeat or _cases.REPEATS[target.device, args.quick]
     peers = _peers.prepare(parser, args) if args.peers else None
+    if peers is not None and args.gradients:
+        from .bench._peer_gradients import bench_gradients
+
+        peers.gradients = bench_gradients
     return Settings(target, cases, repeat, args.json, previous, args.plot, peers)
 
 

@@ -20,6 +20,7 @@ from _torch_cases import to_torch, torch
 from moe_numba import __main__ as cli
 from moe_numba.bench import _cases, _peers, _report, _results
 from moe_numba.bench._cases import Case
+from moe_numba.bench._peer_gradients import bench_gradients
 from moe_numba.bench._peers import OURS, TE, VLLM, PeerBench, op_name
 from moe_numba.bench._results import Result
 
@@ -240,7 +241,8 @@ class _Timer:
 def test_one_case_with_peers_that_did_not_load():
     """moe-numba's ops are timed; each peer that failed to load is a note, not a crash."""
     case = Case(tokens=16, hidden=8, experts=4, topk=2, alignment=4, dtype="bf16")
-    bench = PeerBench({TE: "ImportError: no triton", VLLM: "OSError: no libcuda"}, gradients=True)
+    peers = {TE: "ImportError: no triton", VLLM: "OSError: no libcuda"}
+    bench = PeerBench(peers, gradients=bench_gradients)
     results = bench.bench_case(case, _TorchCpuTarget(), _Timer())
     assert [r.op for r in results] == [
         op_name("permute", OURS),

@@ -1,6 +1,7 @@
 """What an install gives: the CPU backend without the GPU stack, and the build that was asked
 for (OpenMP or serial)."""
 
+import os
 import subprocess
 import sys
 import textwrap

@@ -326,10 +326,13 @@ class PeerBench:
     ----------
     peers : dict
         ``{peer: ops, or why they did not load}`` (:func:`load`).
+    gradients : callable, optional
+        The gradients' bench beside Transformer Engine's
+        (:func:`._peer_gradients.bench_gradients`, which builds on this module), or None.
     """
 
     peers: dict
-    gradients: bool = False
+    gradients: object = None
     notes: list = field(default_factory=list)  # (case, line) in order: checks, failures
 
     def bench_case(self, case, target, timer):
@@ -361,14 +364,12 @@ class PeerBench:
                 self.notes.append((case, f"{impl} FAILED: {_reason(error)}"))
         order = {op: i for i, op in enumerate(_op_order(case))}
         results.sort(key=lambda r: order.get(r.op, len(order)))
-        if self.gradients and case.dtype == "bf16":
-            from ._peer_gradients import bench_gradients
-
+        if self.gradients is not None and case.dtype == "bf16":
             try:
                 peer = self.peers.get(TE)
                 if isinstance(peer, str):
                     raise RuntimeError(peer)
-                results += bench_gradients(torch, peer, inputs, ours, target, timer, self._note)
+                results += self.gradients(torch, peer, inputs, ours, target, timer, self._note)
             except Exception as error:  # as above: the forward results stand
                 self.notes.append((case, f"gradients beside {TE} FAILED: {_reason(error)}"))
         warn_hold_timeouts(case, timer.hold_timeouts - before)
@@ -631,4 +632,4 @@ def prepare(parser, args):
     for name, peer in peers.items():
         state = f"FAILED to load: {peer}" if isinstance(peer, str) else "loaded"
         print(f"peers: {name} {state}", file=sys.stderr)
-    return PeerBench(peers, gradients=args.gradients)
+    return PeerBench(peers)
