@@ -201,12 +201,9 @@ def planned_permute_backward(arrays, scalars):
 def run_permute_backward(backend, plan, arrays, validate, empty=None):
     """``moe_permute_backward``'s outputs for a checked call: ``(None, None)`` when both
     gradients are None (nothing is read)."""
-    if not plan.computes:
-        return None, None
-    outputs, status = backend.permute_backward(plan, arrays, validate, **_allocator(empty))
-    if validate:
-        raise_for_permute_backward_status(status, plan)
-    return tuple(outputs)
+    return _run_gradient(
+        backend.permute_backward, raise_for_permute_backward_status, plan, arrays, validate, empty
+    )
 
 
 def planned_unpermute_backward(arrays, scalars):
@@ -217,11 +214,24 @@ def planned_unpermute_backward(arrays, scalars):
 def run_unpermute_backward(backend, plan, arrays, validate, empty=None):
     """``moe_unpermute_backward``'s outputs for a checked call (as
     :func:`run_permute_backward`)."""
+    return _run_gradient(
+        backend.unpermute_backward,
+        raise_for_unpermute_backward_status,
+        plan,
+        arrays,
+        validate,
+        empty,
+    )
+
+
+def _run_gradient(op, raise_for_status, plan, arrays, validate, empty):
+    """A gradient op's outputs: ``op`` (the backend's) unless there is nothing to compute,
+    then its status words raised for when validating."""
     if not plan.computes:
         return None, None
-    outputs, status = backend.unpermute_backward(plan, arrays, validate, **_allocator(empty))
+    outputs, status = op(plan, arrays, validate, **_allocator(empty))
     if validate:
-        raise_for_unpermute_backward_status(status, plan)
+        raise_for_status(status, plan)
     return tuple(outputs)
 
 

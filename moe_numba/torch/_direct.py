@@ -77,32 +77,41 @@ def unpermute(backend, plan, arrays, scalars):
 
 def permute_backward(arrays, values):
     """``moe_permute_backward``'s outputs (None for an absent gradient) on tensors."""
-    outputs = _replay.PERMUTE_BACKWARD(arrays, values)
-    if outputs is not None:
-        return outputs
-    scalars = dict(zip(_core.PERMUTE_BACKWARD_SCALARS, values, strict=True))
-    check_dtypes(arrays)
-    backend, plan = _core.planned_permute_backward(arrays, scalars)
-    check_all_tensors(arrays)
-    validate = scalars["validate"]
-    if plan.computes and _replayable(arrays, validate):
-        return _replay.PERMUTE_BACKWARD.run(backend, plan, arrays, scalars)
-    return run_on_tensors(_core.run_permute_backward, backend, plan, arrays, validate)
+    return _gradient(
+        _replay.PERMUTE_BACKWARD,
+        _core.PERMUTE_BACKWARD_SCALARS,
+        _core.planned_permute_backward,
+        _core.run_permute_backward,
+        arrays,
+        values,
+    )
 
 
 def unpermute_backward(arrays, values):
     """``moe_unpermute_backward``'s outputs (None for an absent gradient) on tensors."""
-    outputs = _replay.UNPERMUTE_BACKWARD(arrays, values)
+    return _gradient(
+        _replay.UNPERMUTE_BACKWARD,
+        _core.UNPERMUTE_BACKWARD_SCALARS,
+        _core.planned_unpermute_backward,
+        _core.run_unpermute_backward,
+        arrays,
+        values,
+    )
+
+
+def _gradient(replays, names, planned, run, arrays, values):
+    """A gradient op on tensors: its replay, or its checked plan run (and recorded)."""
+    outputs = replays(arrays, values)
     if outputs is not None:
         return outputs
-    scalars = dict(zip(_core.UNPERMUTE_BACKWARD_SCALARS, values, strict=True))
+    scalars = dict(zip(names, values, strict=True))
     check_dtypes(arrays)
-    backend, plan = _core.planned_unpermute_backward(arrays, scalars)
+    backend, plan = planned(arrays, scalars)
     check_all_tensors(arrays)
     validate = scalars["validate"]
     if plan.computes and _replayable(arrays, validate):
-        return _replay.UNPERMUTE_BACKWARD.run(backend, plan, arrays, scalars)
-    return run_on_tensors(_core.run_unpermute_backward, backend, plan, arrays, validate)
+        return replays.run(backend, plan, arrays, scalars)
+    return run_on_tensors(run, backend, plan, arrays, validate)
 
 
 # the backward ops' signatures (what _autograd's Functions call when autograd does not record
