@@ -38,6 +38,8 @@ RTOL = 5e-6  # float32: the backends sum the same products in other orders
 GRAD_FLOOR = 1e-3
 MAX_PARAMETERS = 3_000_000
 CALLS = []  # one entry per call of the counted backend
+# the experts function's own tests also run on a GPU where there is one
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _families():
@@ -117,13 +119,13 @@ def test_family(family):
 # --- the experts function on its own -------------------------------------------------------
 
 
-def _experts(family="mixtral", dtype=torch.float32):
+def _experts(family="mixtral", dtype=torch.float32, device="cpu"):
     """The first experts module of a tiny model of ``family``, its weights random."""
     model, config = _model(family)
     module = next(
         m for m in model.modules() if isinstance(getattr(m, "down_proj", None), torch.nn.Parameter)
     )
-    return module.to(dtype), config
+    return module.to(device=device, dtype=dtype), config
 
 
 def _reference(module, x, index, weights):
@@ -142,13 +144,15 @@ def _reference(module, x, index, weights):
     return out
 
 
-def test_duplicate_experts_are_summed_like_eager():
-    module, _ = _experts()
+@pytest.mark.parametrize("device", DEVICES)
+def test_duplicate_experts_are_summed_like_eager(device):
+    module, _ = _experts(device=device)
     generator = torch.Generator().manual_seed(2)
-    x = torch.randn(6, module.gate_up_proj.shape[-1], generator=generator, requires_grad=True)
-    index = torch.tensor([[1, 1], [0, 3], [2, 2], [5, 4], [3, 3], [0, 1]])
-    weights = torch.rand(6, 2, generator=generator).requires_grad_()
-    grad = torch.randn(6, x.shape[1], generator=generator)
+    x = torch.randn(6, module.gate_up_proj.shape[-1], generator=generator).to(device)
+    x.requires_grad_()
+    index = torch.tensor([[1, 1], [0, 3], [2, 2], [5, 4], [3, 3], [0, 1]], device=device)
+    weights = torch.rand(6, 2, generator=generator).to(device).requires_grad_()
+    grad = torch.randn(6, x.shape[1], generator=generator).to(device)
 
     module.config._experts_implementation = "eager"
     expected = module(x, index, weights)
@@ -194,13 +198,14 @@ def test_bfloat16_weights_and_routing():
     assert _rel(got.double(), exact) <= 2 * _rel(eager.double(), exact) + 1e-3
 
 
-def test_non_contiguous_inputs():
-    module, _ = _experts()
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_inputs(device):
+    module, _ = _experts(device=device)
     generator = torch.Generator().manual_seed(5)
     width = module.gate_up_proj.shape[-1]
-    x = torch.randn(8, 2 * width, generator=generator)[:, ::2]
-    index = torch.randint(0, module.num_experts, (2, 8), generator=generator).T
-    weights = torch.rand(2, 8, generator=generator).T
+    x = torch.randn(8, 2 * width, generator=generator).to(device)[:, ::2]
+    index = torch.randint(0, module.num_experts, (2, 8), generator=generator).to(device).T
+    weights = torch.rand(2, 8, generator=generator).to(device).T
     assert not (x.is_contiguous() or index.is_contiguous() or weights.is_contiguous())
     with torch.no_grad():
         got = mt.experts_forward(module, x, index, weights)
@@ -234,24 +239,24 @@ class _PoisonedTail(torch.autograd.Function):
         return grad_rows, grad_weight, None
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", ["gpt_oss", "mixtral", "nemotron_h"])
 @pytest.mark.parametrize("post_norm", [False, True])
-def test_undefined_rows_reach_nothing(family, post_norm, monkeypatch):
+def test_undefined_rows_reach_nothing(family, post_norm, device, monkeypatch):
     """The grouped GEMM leaves its rows past the last offset (and their gradients) undefined:
     with them NaN, the output and every gradient are unchanged (biases, gates, norms)."""
     if family not in _hf_families.families():
         pytest.skip(f"{family} is not in this transformers")
-    module, _ = _experts(family)
+    module, _ = _experts(family, device=device)
     module.has_post_expert_norm = post_norm
     width = module.down_proj.shape[2] if module.is_transposed else module.down_proj.shape[1]
     if post_norm:
-        module.post_expert_norm = torch.nn.RMSNorm(width)
+        module.post_expert_norm = torch.nn.RMSNorm(width, device=device)
     generator = torch.Generator().manual_seed(6)
-    x = torch.randn(5, width, generator=generator, requires_grad=True)
-    index = torch.tensor([[0, 1], [1, 2], [-1, 0], [2, 0], [1, -1]])[
-        :, : module.config.num_experts_per_tok
-    ]
-    weights = torch.rand(index.shape, generator=generator, requires_grad=True)
+    x = torch.randn(5, width, generator=generator).to(device).requires_grad_()
+    index = torch.tensor([[0, 1], [1, 2], [-1, 0], [2, 0], [1, -1]], device=device)
+    index = index[:, : module.config.num_experts_per_tok]
+    weights = torch.rand(index.shape, generator=generator).to(device).requires_grad_()
 
     def run():
         out = mt.experts_forward(module, x, index, weights)
@@ -267,17 +272,18 @@ def test_undefined_rows_reach_nothing(family, post_norm, monkeypatch):
         assert _rel(g, e) <= RTOL
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_compile_fullgraph(dtype):
+def test_compile_fullgraph(dtype, device):
     """No graph break (so no host sync) and the eager results, forward and backward."""
     torch._dynamo.reset()
-    module, _ = _experts("gpt_oss" if dtype == torch.float32 else "mixtral", dtype)
+    module, _ = _experts("gpt_oss" if dtype == torch.float32 else "mixtral", dtype, device)
     generator = torch.Generator().manual_seed(7)
     width = module.down_proj.shape[-1] if module.is_transposed else module.down_proj.shape[1]
-    x = torch.randn(12, width, generator=generator).to(dtype).requires_grad_()
-    index = torch.randint(0, module.num_experts, (12, 2), generator=generator)
+    x = torch.randn(12, width, generator=generator).to(device, dtype).requires_grad_()
+    index = torch.randint(0, module.num_experts, (12, 2), generator=generator).to(device)
     index[3, 1] = index[3, 0]  # a duplicate
-    weights = torch.rand(12, 2, generator=generator).requires_grad_()
+    weights = torch.rand(12, 2, generator=generator).to(device).requires_grad_()
 
     def layer(x, index, weights):
         return mt.experts_forward(module, x, index, weights)

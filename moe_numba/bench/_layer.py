@@ -14,8 +14,10 @@ and run through each experts implementation of ``ExpertsInterface``: ``moe_numba
 forward plus backward (weights, hidden states and routing weights requiring gradients), as
 the median of CUDA-event times after warm-up, and the share of moe-numba's layer spent in its
 permute and unpermute (those two ops and the routing clean-up, timed alone on the same
-inputs). ``batched_mm`` copies one weight matrix per (token, slot) pair; a case whose copies
-would pass ``--batched-limit-gib`` is skipped.
+inputs), and, for the forward, the largest difference between moe-numba's output and
+``grouped_mm``'s relative to the largest value of the latter. ``batched_mm`` copies one
+weight matrix per (token, slot) pair; a case whose copies would pass ``--batched-limit-gib``
+is skipped.
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ def main(argv=None):
     backend.register()
     results = []
     print(f"device: {torch.cuda.get_device_name()}; times in ms (median of {args.iters})")
-    header = ["model", "T", "pass", *args.impls, "permute+unpermute share"]
+    header = ["model", "T", "pass", *args.impls, "permute+unpermute share", "max rel diff"]
     print(" | ".join(header))
     for model in args.models:
         experts, top_k = _experts(torch, model)
@@ -151,6 +153,8 @@ def main(argv=None):
                 cells += [_cell(row["ms"].get(impl)) for impl in args.impls]
                 share = row.get("glue_share")
                 cells.append("-" if share is None else f"{100 * share:.0f}%")
+                diff = row.get("rel_diff_vs_grouped_mm")
+                cells.append("-" if diff is None else f"{diff:.1e}")
                 print(" | ".join(cells), flush=True)
         del experts
         torch.cuda.empty_cache()
@@ -193,6 +197,15 @@ def _case(torch, backend, experts, top_k, tokens, backward, args):
     weights = weights.to(torch.bfloat16)
     grad = torch.randn_like(x)
     out = {"ms": {}}
+    if not backward and {"moe_numba", "grouped_mm"} <= set(args.impls):
+        # the same layer, so the same result up to bfloat16 rounding
+        results = []
+        for impl in ("moe_numba", "grouped_mm"):
+            experts.config._experts_implementation = impl
+            with torch.no_grad():
+                results.append(experts(x, index, weights).float())
+        difference = (results[0] - results[1]).abs().max() / results[1].abs().max()
+        out["rel_diff_vs_grouped_mm"] = difference.item()
     for impl in args.impls:
         if impl == "batched_mm":
             pair_bytes = experts.gate_up_proj[0].nbytes + experts.down_proj[0].nbytes
