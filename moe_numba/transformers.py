@@ -109,17 +109,15 @@ def experts_forward(
     ``torch._grouped_mm`` multiplies the expert blocks where it can (bfloat16, float16 or
     float32 tensors whose strides are multiples of 16 bytes; under ``torch.compile``, float16
     and float32 go through an opaque custom op that calls it, as its compiled form takes only
-    bfloat16). Elsewhere (float64, odd widths, a torch without it) each expert's block is
-    multiplied on its own, which needs the offsets on the host: one device-to-host copy per
+    bfloat16). Elsewhere (odd widths, a GPU before compute capability 8.0, a torch without
+    it) each expert's block is multiplied on its own, which needs the offsets on the host: one device-to-host copy per
     call, and a graph break under ``torch.compile``.
 
     Parameters
     ----------
-    self : torch.nn.Module
-        The experts module.
     hidden_states : torch.Tensor of shape (T, H)
-        Token rows: bfloat16, float16 or float32 (cast to the weights' dtype, as transformers'
-        ``grouped_mm`` does).
+        Token rows, cast to the weights' dtype (as transformers' ``grouped_mm`` does), which
+        must be bfloat16, float16 or float32 (the dtypes ``moe_permute`` takes).
     top_k_index : torch.Tensor of shape (T, K), integer
         Expert id of each slot; ids outside ``[0, E)`` select nothing; an id named twice by one
         token counts twice.
