@@ -110,8 +110,8 @@ def experts_forward(
     float32 tensors whose strides are multiples of 16 bytes; under ``torch.compile``, float16
     and float32 go through an opaque custom op that calls it, as its compiled form takes only
     bfloat16). Elsewhere (odd widths, a GPU before compute capability 8.0, a torch without
-    it) each expert's block is multiplied on its own, which needs the offsets on the host: one device-to-host copy per
-    call, and a graph break under ``torch.compile``.
+    it) each expert's block is multiplied on its own, which needs the offsets on the host:
+    one device-to-host copy per call, and a graph break under ``torch.compile``.
 
     Parameters
     ----------
