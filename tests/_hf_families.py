@@ -50,6 +50,10 @@ OVERRIDES: dict[str, dict] = {
         "expert_layer_period": 1,
         "expert_layer_offset": 0,
     },
+    "kimi_linear": {
+        "layer_types": ["linear_attention", "full_attention"],
+        "mlp_layer_types": ["sparse", "sparse"],
+    },
     "kolibri1_1": {"head_dim": 16, "index_num_heads": 2},
     "lfm2_moe": {"num_dense_layers": 0, "layer_types": ["conv", "full_attention"]},
     "nemotron_h": {
@@ -61,12 +65,26 @@ OVERRIDES: dict[str, dict] = {
     },
     "qwen3_next": {"layer_types": ["linear_attention", "full_attention"]},
     "qwen3_5_moe.text": {"layer_types": ["linear_attention", "full_attention"]},
-    "qwen4_exp.text": {"layer_types": ["linear_attention", "full_attention"]},
+    "qwen4_exp.text": {
+        "layer_types": ["linear_attention", "full_attention"],
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 8,
+        "indexer_budget": 8,
+        "indexer_compress_ratio": 4,
+    },
     "zaya": {"num_experts_per_tok": 1},
 }
 
+# families whose causal LM cannot be built small: family -> why
+UNBUILDABLE = {
+    "dots3_note": "its causal LM includes a vision adapter whose width must match the text "
+    "model's, fixed by its vision config",
+}
+
 # the default subset: diverse layouts (biases, transposed and interleaved weights, non-gated
-# experts, shared experts, grouped routing, hybrid attention and state-space layers) that run in well under a minute together
+# experts, shared experts, grouped routing, hybrid attention and state-space layers) that run
+# in well under a minute together
 DEFAULT = (
     "mixtral",
     "qwen2_moe",
@@ -121,8 +139,10 @@ def _small(default, family):
     kwargs = {
         k: v
         for k, v in SMALL.items()
-        if hasattr(default, k) and not isinstance(getattr(type(default), k, None), property)
+        if _has(default, k) and not isinstance(getattr(type(default), k, None), property)
     }
+    if _has(default, "per_layer_config"):  # heterogeneous layers: keep them all alike
+        kwargs["per_layer_config"] = None
     if "kv_lora_rank" in kwargs:  # multi-head latent attention: one key head per query head
         kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]
     text = getattr(default, "text_config", None)
@@ -130,6 +150,13 @@ def _small(default, family):
         small = {**_small(text, family), **OVERRIDES.get(family + ".text", {})}
         kwargs["text_config"] = {**text.to_dict(), **small}
     return kwargs
+
+
+def _has(config, name):
+    try:
+        return hasattr(config, name)
+    except Exception:  # a per-layer attribute of a heterogeneous config refuses global reads
+        return name in config.to_dict()
 
 
 def parameter_count(config):

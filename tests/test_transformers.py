@@ -36,7 +36,7 @@ RTOL = 5e-6  # float32: the backends sum the same products in other orders
 # saturated score) carries only the rounding noise of the large ones: its error is measured
 # against this share of the largest gradient
 GRAD_FLOOR = 1e-3
-MAX_PARAMETERS = 3_000_000
+MAX_PARAMETERS = 10_000_000
 CALLS = []  # one entry per call of the counted backend
 # the experts function's own tests also run on a GPU where there is one
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -65,6 +65,8 @@ def _registered():
 def _model(family):
     from transformers import AutoModelForCausalLM
 
+    if family in _hf_families.UNBUILDABLE:
+        pytest.skip(f"{family}: {_hf_families.UNBUILDABLE[family]}")
     config = _hf_families.tiny_config(family)
     count = _hf_families.parameter_count(config)
     if count > MAX_PARAMETERS:
@@ -324,3 +326,35 @@ def test_import_moe_numba_imports_neither_torch_nor_transformers():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="moe_numba's torch layer fills moe_numba._api.REPLAYS on the first call with torch "
+    "tensors; when that first call is traced, dynamo's guard on REPLAYS fails in the frame "
+    "that made it (AssertionError: Guard failed on the same frame it was created)",
+)
+def test_compile_first_in_a_fresh_process():
+    """The first moe_numba call of a process may be a traced one."""
+    code = """if True:
+        import torch
+        import moe_numba.transformers as mt
+        from transformers import MixtralConfig
+        from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+        config = MixtralConfig(hidden_size=16, intermediate_size=16, num_local_experts=4)
+        module = MixtralExperts(config)
+        torch.nn.init.normal_(module.gate_up_proj)
+        torch.nn.init.normal_(module.down_proj)
+        x = torch.randn(5, 16)
+        index = torch.randint(0, 4, (5, 2))
+        weights = torch.rand(5, 2)
+
+        def layer(x, index, weights):
+            return mt.experts_forward(module, x, index, weights)
+
+        compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+        assert torch.equal(compiled(x, index, weights), layer(x, index, weights))
+    """
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
