@@ -82,6 +82,13 @@ UNBUILDABLE = {
     "model's, fixed by its vision config",
 }
 
+# experts classes that their model builds from a part of its config: class -> why
+UNBUILDABLE_EXPERTS = {
+    "Ernie4_5_VLMoeMoeExperts": "built by its model with one entry of a per-modality size list",
+    "Qwen3OmniMoeTalkerTextExperts": "built from the talker's part of a nested config",
+    "Qwen3OmniMoeThinkerTextExperts": "built from the thinker's part of a nested config",
+}
+
 # the default subset: diverse layouts (biases, transposed and interleaved weights, non-gated
 # experts, shared experts, grouped routing, hybrid attention and state-space layers) that run
 # in well under a minute together
@@ -167,3 +174,62 @@ def parameter_count(config):
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
+
+
+def experts_classes():
+    """(family, class name) of every experts class that ``use_experts_implementation``
+    decorates, multimodal families included, sorted."""
+    import importlib
+    import pathlib
+
+    import transformers
+
+    root = pathlib.Path(transformers.__file__).parent / "models"
+    found = []
+    for path in sorted(root.glob("*/modeling_*.py")):
+        if "use_experts_implementation" not in path.read_text(encoding="utf-8"):
+            continue
+        family = path.parent.name
+        module = importlib.import_module(f"transformers.models.{family}.{path.stem}")
+        for name, obj in sorted(vars(module).items()):
+            decorated = hasattr(getattr(obj, "__init__", None), "__wrapped__")
+            if isinstance(obj, type) and obj.__module__ == module.__name__ and decorated:
+                if hasattr(obj, "_apply_gate"):
+                    found.append((family, name))
+    return found
+
+
+def tiny_text_config(family):
+    """:func:`tiny_config`'s text part where the family's config has one. Where that config
+    does not build small (multimodal configs check their parts against each other), the
+    default config's text part with only the experts' own sizes shrunk."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[family]
+    try:
+        kwargs = _small(cls(), family)
+        kwargs.update(OVERRIDES.get(family, {}))
+        config = cls(**kwargs)
+    except Exception:
+        config = cls()
+        text = getattr(config, "text_config", None) or config
+        for name in EXPERT_SIZES:
+            if _has(text, name) and getattr(text, name) is not None:
+                value = getattr(text, name)
+                small = [SMALL[name]] * len(value) if isinstance(value, list) else SMALL[name]
+                object.__setattr__(text, name, small)
+    return getattr(config, "text_config", None) or config
+
+
+# what an experts module reads of its config
+EXPERT_SIZES = (
+    "hidden_size",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "num_local_experts",
+    "num_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "num_experts_per_tok",
+    "moe_k",
+)

@@ -118,6 +118,69 @@ def test_family(family):
     assert torch.equal(got, expected)
 
 
+def _experts_classes():
+    everything = _hf_families.experts_classes()
+    if os.environ.get("MOE_TRANSFORMERS_ALL") == "1":
+        return everything
+    # multimodal families (no causal LM above), a post-expert norm, biases
+    wanted = {"muse_spark", "openai_privacy_filter", "qwen3_vl_moe", "ergo"}
+    return [pair for pair in everything if pair[0] in wanted]
+
+
+@pytest.mark.parametrize(("family", "name"), _experts_classes())
+def test_experts_class(family, name):
+    """Each decorated experts class alone (multimodal families too): output and every
+    gradient against its eager forward, with a duplicate expert in one token's top-k."""
+    import importlib
+    import inspect
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if name in _hf_families.UNBUILDABLE_EXPERTS:
+        pytest.skip(f"{name}: {_hf_families.UNBUILDABLE_EXPERTS[name]}")
+    if family not in CONFIG_MAPPING:
+        pytest.skip(f"{family} has no config class in transformers' auto mapping")
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    config = _hf_families.tiny_text_config(family)
+    torch.manual_seed(0)
+    cls = getattr(module, name)
+    extra = {"layer_idx": 0} if "layer_idx" in inspect.signature(cls).parameters else {}
+    experts = cls(config, **extra)
+    with torch.no_grad():
+        for parameter in experts.parameters():
+            parameter.normal_(0.0, 0.2)
+    down = experts.down_proj
+    width = down.shape[-1] if getattr(experts, "is_transposed", False) else down.shape[1]
+    top_k = min(getattr(config, "num_experts_per_tok", 2) or 2, experts.num_experts)
+    if name == "ErgoExpertProjections":
+        # the per-pair inner layer of ErgoExperts: one slot, weight 1 (its eager forward
+        # ignores the weights, which its caller sets to ones)
+        top_k = 1
+    generator = torch.Generator().manual_seed(8)
+    x = torch.randn(7, width, generator=generator, requires_grad=True)
+    index = torch.rand(7, experts.num_experts, generator=generator).argsort(1)[:, :top_k]
+    if top_k > 1:
+        index[2, 1] = index[2, 0]
+    weights = torch.rand(7, top_k, generator=generator)
+    if name == "ErgoExpertProjections":
+        weights = torch.ones_like(weights)
+    weights.requires_grad_()
+    grad = torch.randn(7, width, generator=generator)
+    inputs = (x, weights, *experts.parameters())
+    results = []
+    for implementation in ("eager", "moe_numba"):
+        config._experts_implementation = implementation
+        out = experts(x, index, weights)
+        grads = torch.autograd.grad((out * grad).sum(), inputs, allow_unused=True)
+        results.append((out, *grads))
+    expected, got = results
+    assert _rel(got[0], expected[0]) <= RTOL
+    largest = max(g.abs().max().item() for g in expected[1:] if g is not None)
+    for g, e in zip(got[1:], expected[1:], strict=True):
+        if e is not None:  # (None: a weight that eager never reads)
+            assert _rel(g, e, GRAD_FLOOR * largest) <= RTOL
+
+
 # --- the experts function on its own -------------------------------------------------------
 
 
