@@ -151,6 +151,8 @@ def experts_forward(
         up_bias = down_bias = None
 
     num_tokens, top_k = top_k_index.shape
+    if num_tokens * top_k == 0:  # no rows: torch._grouped_mm refuses an empty operand
+        return torch.zeros_like(hidden_states)
     routes, probs = merged_routing(top_k_index, top_k_weights, num_experts)
     rows_x = hidden_states.to(up_weight.dtype).contiguous()
     num_rows = -(-num_tokens * top_k // _ROW_MULTIPLE) * _ROW_MULTIPLE
@@ -276,7 +278,8 @@ def _grouped_mm_runs(rows, weight):
     if weight.device.type == "cuda" and torch.cuda.get_device_capability(weight.device) < (8, 0):
         return False
     size = rows.element_size()
-    strides = (*rows.stride(), *weight.stride())
+    # the output's rows (and the backward's gradient rows) are weight.shape[-1] wide
+    strides = (*rows.stride(), *weight.stride(), weight.shape[-1])
     return all(s == 1 or (s * size) % 16 == 0 for s in strides)
 
 

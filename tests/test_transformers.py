@@ -280,6 +280,39 @@ def test_non_contiguous_inputs(device):
     assert torch.equal(got, expected)
 
 
+def test_no_tokens():
+    module, _ = _experts()
+    x = torch.randn(0, module.gate_up_proj.shape[-1])
+    out = mt.experts_forward(module, x, torch.zeros(0, 2, dtype=torch.int64), torch.ones(0, 2))
+    assert out.shape == x.shape
+
+
+def test_widths_that_grouped_mm_refuses_run_expert_by_expert():
+    """An intermediate width of 13 float32 values breaks torch._grouped_mm's 16-byte strides:
+    the experts are multiplied one by one instead, with the same results."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+    config = MixtralConfig(hidden_size=12, intermediate_size=13, num_local_experts=3)
+    config._experts_implementation = "eager"
+    module = MixtralExperts(config)
+    generator = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    x = torch.randn(6, 12, generator=generator, requires_grad=True)
+    index = torch.randint(0, 3, (6, 2), generator=generator)
+    weights = torch.rand(6, 2, generator=generator)
+    assert not mt._grouped_mm_runs(x, module.gate_up_proj.transpose(-2, -1))
+    inputs = (x, *module.parameters())
+    expected = module(x, index, weights)
+    expected_grads = torch.autograd.grad(expected.sum(), inputs)
+    got = mt.experts_forward(module, x, index, weights)
+    assert _rel(got, expected) <= RTOL
+    for g, e in zip(torch.autograd.grad(got.sum(), inputs), expected_grads, strict=True):
+        assert _rel(g, e) <= RTOL
+
+
 class _PoisonedTail(torch.autograd.Function):
     """torch._grouped_mm with the rows it leaves undefined set to NaN, forward and back."""
 
