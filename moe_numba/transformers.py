@@ -285,12 +285,11 @@ def _grouped_mm_runs(rows, weight):
 
 def _looped_mm(rows, weight, offsets):
     """Each expert's block multiplied on its own (the offsets come to the host)."""
-    out = rows.new_zeros(rows.shape[0], weight.shape[-1])
     blocks, start = [], 0
     for expert, end in enumerate(offsets.tolist()):
         blocks.append(rows[start:end] @ weight[expert])
         start = end
-    blocks.append(out[start:])
+    blocks.append(rows.new_zeros(rows.shape[0] - start, weight.shape[-1]))
     return torch.cat(blocks)
 
 
