@@ -106,7 +106,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--batched-limit-gib",
         type=float,
-        default=16.0,
+        default=8.0,
         help="skip batched_mm where its per-pair weight copies pass this many GiB",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the results here")
@@ -178,8 +178,8 @@ def _experts(torch, model):
     modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
     cls = getattr(modeling, class_name)
     with torch.device("meta"):
-        experts = cls(config)
-    experts = experts.to_empty(device="cuda").to(torch.bfloat16)
+        experts = cls(config).to(torch.bfloat16)
+    experts = experts.to_empty(device="cuda")
     with torch.no_grad():
         for parameter in experts.parameters():
             parameter.normal_(0.0, 0.02)
