@@ -233,6 +233,22 @@ def test_duplicate_experts_are_summed_like_eager(device):
     assert torch.equal(got_grads[1][0, 0], got_grads[1][0, 1])
 
 
+def test_merged_routing():
+    index = torch.tensor([[3, 3, 1], [0, 2, 0], [7, -1, 2], [1, 1, 1]])
+    weights = torch.tensor(
+        [[0.25, 0.5, 0.125], [0.1, 0.2, 0.3], [0.4, 0.5, 0.6], [0.1, 0.2, 0.3]],
+        dtype=torch.bfloat16,
+    )
+    routes, probs = mt.merged_routing(index, weights, 4)
+    assert routes.dtype == torch.int32 and probs.dtype == torch.float32
+    assert routes.tolist() == [[3, -1, 1], [0, 2, -1], [-1, -1, 2], [1, -1, -1]]
+    w = weights.float()
+    assert probs[0, 0] == w[0, 0] + w[0, 1] and probs[1, 0] == w[1, 0] + w[1, 2]
+    assert probs[3, 0] == w[3, 0] + w[3, 1] + w[3, 2]
+    # slots that merge nothing keep their weight bit for bit
+    assert torch.equal(probs[[0, 1, 2], [2, 1, 2]], w[[0, 1, 2], [2, 1, 2]])
+
+
 def test_sentinel_and_empty_slots_add_nothing():
     module, _ = _experts()
     generator = torch.Generator().manual_seed(3)
