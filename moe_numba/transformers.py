@@ -21,8 +21,8 @@ transformers 5 lets a model pick the implementation of its MoE experts layer by 
    rounding).
 
 Nothing in it reads a device value on the host, so ``torch.compile(fullgraph=True)`` traces it
-and a CUDA graph can capture it; the only exception is the per-expert loop used where
-``torch._grouped_mm`` cannot run (see :func:`experts_forward`).
+(and nothing stops a CUDA graph from capturing it); the only exception is the per-expert loop
+used where ``torch._grouped_mm`` cannot run (see :func:`experts_forward`).
 
 Importing this module imports torch; importing ``moe_numba`` does not import this module.
 """
@@ -209,8 +209,11 @@ def merged_routing(
     Parameters
     ----------
     top_k_index : torch.Tensor of shape (T, K), integer
+        Expert id of each slot.
     top_k_weights : torch.Tensor of shape (T, K), floating point
+        Routing weight of each slot.
     num_experts : int
+        E.
 
     Returns
     -------
