@@ -1,0 +1,286 @@
+"""The transformers experts layer for real model shapes: moe-numba against transformers' own.
+
+::
+
+    python -m moe_numba.bench._layer [--models qwen3-30b-a3b,mixtral-8x7b,deepseek-v3,gpt-oss-20b]
+        [--tokens 16,512,4096,16384] [--impls moe_numba,grouped_mm,batched_mm,eager]
+        [--iters 10] [--warmup 3] [--json PATH]
+
+Needs a CUDA GPU and transformers>=5. Each model's own experts class is built with the
+model's expert shapes (random bfloat16 weights, random top-k routing with bfloat16 weights)
+and run through each experts implementation of ``ExpertsInterface``: ``moe_numba``
+(:mod:`moe_numba.transformers`) and transformers' ``grouped_mm``, ``batched_mm`` and
+``eager``. For every token count T it times the forward (under ``torch.no_grad``) and the
+forward plus backward (weights, hidden states and routing weights requiring gradients), as
+the median of CUDA-event times after warm-up, and the share of moe-numba's layer spent in its
+permute and unpermute (those two ops and the routing clean-up, timed alone on the same
+inputs), and, for the forward, the largest difference between moe-numba's output and
+``grouped_mm``'s relative to the largest value of the latter. ``batched_mm`` copies one
+weight matrix per (token, slot) pair; a case whose copies would pass ``--batched-limit-gib``
+is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+# name -> (transformers model type, its experts class, config keyword arguments, top-k)
+MODELS = {
+    "qwen3-30b-a3b": (
+        "qwen3_moe",
+        "Qwen3MoeExperts",
+        {"hidden_size": 2048, "moe_intermediate_size": 768, "num_experts": 128},
+        8,
+    ),
+    "mixtral-8x7b": (
+        "mixtral",
+        "MixtralExperts",
+        {"hidden_size": 4096, "intermediate_size": 14336, "num_local_experts": 8},
+        2,
+    ),
+    "deepseek-v3": (
+        "deepseek_v3",
+        "DeepseekV3Experts",
+        {"hidden_size": 7168, "moe_intermediate_size": 2048, "n_routed_experts": 256},
+        8,
+    ),
+    "gpt-oss-20b": (
+        "gpt_oss",
+        "GptOssExperts",
+        {"hidden_size": 2880, "intermediate_size": 2880, "num_local_experts": 32},
+        4,
+    ),
+}
+IMPLS = ("moe_numba", "grouped_mm", "batched_mm", "eager")
+TOKENS = (16, 512, 4096, 16384)
+
+
+def _names(text, allowed, option):
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"{option}: expected a comma-separated list of {', '.join(allowed)}, got {text!r}"
+        )
+    return names
+
+
+def _tokens(text):
+    try:
+        values = [int(n) for n in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--tokens: expected a comma-separated list of positive ints, got {text!r}"
+        )
+    return values
+
+
+def parse_args(argv=None):
+    """The command line, checked (``SystemExit`` with a message for a bad one)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m moe_numba.bench._layer",
+        description="Time the transformers experts layer: moe-numba against transformers' "
+        "grouped_mm, batched_mm and eager (CUDA GPU only).",
+    )
+    parser.add_argument(
+        "--models",
+        type=lambda t: _names(t, tuple(MODELS), "--models"),
+        default=list(MODELS),
+        help=f"comma-separated, of {', '.join(MODELS)} (default: all)",
+    )
+    parser.add_argument(
+        "--tokens", type=_tokens, default=list(TOKENS), help="comma-separated token counts T"
+    )
+    parser.add_argument(
+        "--impls",
+        type=lambda t: _names(t, IMPLS, "--impls"),
+        default=list(IMPLS),
+        help=f"comma-separated, of {', '.join(IMPLS)} (default: all)",
+    )
+    parser.add_argument("--iters", type=int, default=10, help="timed runs per case")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs before them")
+    parser.add_argument(
+        "--batched-limit-gib",
+        type=float,
+        default=8.0,
+        help="skip batched_mm where its per-pair weight copies pass this many GiB",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.iters < 1 or args.warmup < 0:
+        parser.error(f"--iters >= 1 and --warmup >= 0 expected, got {args.iters}, {args.warmup}")
+    return args
+
+
+def main(argv=None):
+    """Run the benchmark; refuse (``SystemExit``) without a CUDA GPU or transformers>=5."""
+    args = parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit(
+            "moe_numba.bench._layer needs torch with CUDA: pip install torch"
+        ) from None
+    if not torch.cuda.is_available():
+        raise SystemExit(
+            "moe_numba.bench._layer needs a CUDA GPU: torch.cuda.is_available() is False"
+        )
+    try:
+        from transformers.integrations.moe import ExpertsInterface  # noqa: F401
+    except ImportError:
+        raise SystemExit(
+            "moe_numba.bench._layer needs transformers>=5: pip install 'moe-numba[transformers]'"
+        ) from None
+    from .. import transformers as backend
+
+    backend.register()
+    results = []
+    print(f"device: {torch.cuda.get_device_name()}; times in ms (median of {args.iters})")
+    header = ["model", "T", "pass", *args.impls, "permute+unpermute share", "max rel diff"]
+    print(" | ".join(header))
+    for model in args.models:
+        experts, top_k = _experts(torch, model)
+        for tokens in args.tokens:
+            for backward in (False, True):
+                row = _case(torch, backend, experts, top_k, tokens, backward, args)
+                row.update(model=model, T=tokens, backward=backward)
+                results.append(row)
+                cells = [model, str(tokens), "fwd+bwd" if backward else "fwd"]
+                cells += [_cell(row["ms"].get(impl)) for impl in args.impls]
+                share = row.get("glue_share")
+                cells.append("-" if share is None else f"{100 * share:.0f}%")
+                diff = row.get("rel_diff_vs_grouped_mm")
+                cells.append("-" if diff is None else f"{diff:.1e}")
+                print(" | ".join(cells), flush=True)
+        del experts
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+
+
+def _cell(value):
+    return value if isinstance(value, str) else f"{value:.3f}"
+
+
+def _experts(torch, model):
+    """The model's experts module on the GPU, bfloat16, weights ~ N(0, 0.02)."""
+    import importlib
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    family, class_name, sizes, top_k = MODELS[model]
+    config = CONFIG_MAPPING[family](**sizes, num_experts_per_tok=top_k)
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    cls = getattr(modeling, class_name)
+    with torch.device("meta"):
+        experts = cls(config).to(torch.bfloat16)
+    experts = experts.to_empty(device="cuda")
+    with torch.no_grad():
+        for parameter in experts.parameters():
+            parameter.normal_(0.0, 0.02)
+    return experts, top_k
+
+
+def _case(torch, backend, experts, top_k, tokens, backward, args):
+    """Times of one (T, pass) case for every implementation, and the glue's share."""
+    generator = torch.Generator(device="cuda").manual_seed(tokens)
+    num_experts = experts.num_experts
+    width = experts.down_proj.shape[-1] if experts.is_transposed else experts.down_proj.shape[1]
+    x = torch.randn(tokens, width, device="cuda", dtype=torch.bfloat16, generator=generator)
+    logits = torch.randn(tokens, num_experts, device="cuda", generator=generator)
+    weights, index = torch.topk(logits.softmax(-1), top_k, dim=-1)
+    weights = weights.to(torch.bfloat16)
+    grad = torch.randn_like(x)
+    out = {"ms": {}}
+    if not backward and {"moe_numba", "grouped_mm"} <= set(args.impls):
+        # the same layer, so the same result up to bfloat16 rounding
+        results = []
+        for impl in ("moe_numba", "grouped_mm"):
+            experts.config._experts_implementation = impl
+            with torch.no_grad():
+                results.append(experts(x, index, weights).float())
+        difference = (results[0] - results[1]).abs().max() / results[1].abs().max()
+        out["rel_diff_vs_grouped_mm"] = difference.item()
+    for impl in args.impls:
+        if impl == "batched_mm":
+            pair_bytes = experts.gate_up_proj[0].nbytes + experts.down_proj[0].nbytes
+            if tokens * top_k * pair_bytes > args.batched_limit_gib * 2**30:
+                out["ms"][impl] = "skip"
+                continue
+        experts.config._experts_implementation = impl
+
+        def layer(impl=impl):
+            return experts(*_inputs(x, index, weights, backward))
+
+        out["ms"][impl] = _median(torch, layer, grad if backward else None, experts, args)
+
+    if "moe_numba" in args.impls:
+
+        def glue():
+            x_, index_, weights_ = _inputs(x, index, weights, backward)
+            return _glue(torch, backend, x_, index_, weights_, num_experts)
+
+        ms = _median(torch, glue, grad if backward else None, experts, args)
+        out["glue_ms"] = ms
+        out["glue_share"] = ms / out["ms"]["moe_numba"]
+    return out
+
+
+def _inputs(x, index, weights, backward):
+    if backward:
+        return x.detach().requires_grad_(), index, weights.detach().requires_grad_()
+    return x, index, weights
+
+
+def _glue(torch, backend, x, index, weights, num_experts):
+    """The moe-numba layer without its GEMMs: routing clean-up, permute, offsets, unpermute
+    (the permuted rows combined as they are)."""
+    from .. import moe_permute, moe_unpermute
+
+    tokens, top_k = index.shape
+    routes, probs = backend.merged_routing(index, weights, num_experts)
+    rows = -(-tokens * top_k // 8) * 8
+    rows_x, rowmap, row_probs, _ = moe_permute(
+        x, None, routes, probs, num_experts, None, 1, override_buffer_size=rows, validate=False
+    )
+    torch.cumsum((rowmap >= 0).sum(0), 0, dtype=torch.int32)
+    combined, _ = moe_unpermute(
+        rows_x,
+        rowmap,
+        routes,
+        row_probs,
+        tokens,
+        num_experts,
+        using_weighted_combine=True,
+        validate=False,
+    )
+    return combined
+
+
+def _median(torch, function, grad, experts, args):
+    """Median milliseconds of ``function()`` (and its backward with ``grad``)."""
+    times = []
+    context = torch.no_grad() if grad is None else torch.enable_grad()
+    with context:
+        for i in range(args.warmup + args.iters):
+            experts.zero_grad(set_to_none=True)
+            start = torch.cuda.Event(enable_timing=True)
+            stop = torch.cuda.Event(enable_timing=True)
+            start.record()
+            result = function()
+            if grad is not None:
+                result.backward(grad)
+            stop.record()
+            stop.synchronize()
+            if i >= args.warmup:
+                times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+if __name__ == "__main__":
+    main()

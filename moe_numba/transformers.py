@@ -1,0 +1,366 @@
+"""A Hugging Face transformers experts backend built on ``moe_permute`` / ``moe_unpermute``.
+
+transformers 5 lets a model pick the implementation of its MoE experts layer by name
+(``experts_implementation=...`` at load time, or ``model.set_experts_implementation``);
+:func:`register` adds ``"moe_numba"`` to that registry. The experts layer then runs as:
+
+1. routing clean-up on the device: ids outside ``[0, E)`` (expert-parallel sentinels) become
+   -1; an expert named twice by one token keeps its first slot, with the weights of every slot
+   naming it summed there (``moe_permute`` counts only the first slot of a duplicate; the
+   experts layer of transformers applies the expert once per slot, which is the same sum);
+   the weights are cast to float32 (the contract's probability dtype);
+2. :func:`moe_numba.moe_permute` into an expert-major buffer of ``round_up(T * K, 8)`` rows
+   (``override_buffer_size``: counts taken on the device, no host round trip), each expert's
+   rows unpadded (``padding_alignment=1``: the grouped GEMM takes any group size, and padding
+   would only add rows to multiply);
+3. the per-expert offsets ``cumsum`` of the row map's column counts, on the device;
+4. the up (or gate-up) projection, the model's own gate or activation, the down projection,
+   as ``torch._grouped_mm`` over those offsets, with per-row biases gathered by the permute's
+   ``expert_indices``;
+5. :func:`moe_numba.moe_unpermute` with the weighted combine (float32 accumulation, one
+   rounding).
+
+Nothing in it reads a device value on the host, so ``torch.compile(fullgraph=True)`` traces it
+(and nothing stops a CUDA graph from capturing it); the only exception is the per-expert loop
+used where ``torch._grouped_mm`` cannot run (see :func:`experts_forward`).
+
+Importing this module imports torch; importing ``moe_numba`` does not import this module.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import moe_permute, moe_unpermute
+
+__all__ = ["experts_forward", "register"]
+
+NAME = "moe_numba"
+
+# The permute buffer's row count is rounded up to this many rows so that a [rows, n] view
+# transposed by autograd (the weight gradient of a grouped GEMM) keeps the 16-byte stride
+# alignment that torch._grouped_mm requires, for every 2-byte and 4-byte dtype.
+_ROW_MULTIPLE = 8
+
+# dtypes torch._grouped_mm multiplies (eagerly, on the CPU and on CUDA)
+_GROUPED_MM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def register(name: str = NAME) -> str:
+    """Add the moe-numba experts backend to transformers' ``ExpertsInterface``.
+
+    Safe to call more than once: registering the same function under a name again changes
+    nothing.
+
+    Parameters
+    ----------
+    name : str, default "moe_numba"
+        The name that models pass as ``experts_implementation``.
+
+    Returns
+    -------
+    str
+        ``name``.
+
+    Raises
+    ------
+    TypeError
+        ``name`` is not a non-empty str.
+    ImportError
+        transformers (5 or newer, with ``transformers.integrations.moe``) is not installed.
+
+    Examples
+    --------
+    >>> import moe_numba.transformers
+    >>> moe_numba.transformers.register()  # doctest: +SKIP
+    'moe_numba'
+    >>> model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="moe_numba")
+    ... # doctest: +SKIP
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name: expected a non-empty str, got {name!r}")
+    try:
+        from transformers.integrations.moe import ExpertsInterface
+    except ImportError as error:
+        raise ImportError(
+            "moe_numba.transformers.register needs transformers>=5 "
+            "(transformers.integrations.moe.ExpertsInterface): "
+            "pip install 'moe-numba[transformers]'"
+        ) from error
+    ExpertsInterface.register(name, experts_forward)
+    return name
+
+
+def experts_forward(
+    self: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    """The experts layer of a transformers MoE model, on ``moe_permute`` / ``moe_unpermute``.
+
+    The signature of an ``ExpertsInterface`` function: ``self`` is the model's experts module
+    (a class decorated with ``use_experts_implementation``). Its weights are read as the
+    library's own ``grouped_mm`` backend reads them: ``gate_up_proj`` ([E, 2I, H], or
+    [E, H, 2I] when ``self.is_transposed``) and ``self._apply_gate`` for gated experts,
+    ``up_proj`` and ``self.act_fn`` otherwise; ``down_proj``; the ``*_bias`` tensors ([E, n])
+    when ``self.has_bias``; ``self.post_expert_norm`` when ``self.has_post_expert_norm``.
+
+    ``torch._grouped_mm`` multiplies the expert blocks where it can (bfloat16, float16 or
+    float32 tensors whose strides are multiples of 16 bytes; under ``torch.compile``, float16
+    and float32 go through an opaque custom op that calls it, as its compiled form takes only
+    bfloat16). Elsewhere (odd widths, a GPU before compute capability 8.0, a torch without
+    it) each expert's block is multiplied on its own, which needs the offsets on the host:
+    one device-to-host copy per call, and a graph break under ``torch.compile``.
+
+    Parameters
+    ----------
+    hidden_states : torch.Tensor of shape (T, H)
+        Token rows, cast to the weights' dtype (as transformers' ``grouped_mm`` does), which
+        must be bfloat16, float16 or float32 (the dtypes ``moe_permute`` takes).
+    top_k_index : torch.Tensor of shape (T, K), integer
+        Expert id of each slot; ids outside ``[0, E)`` select nothing; an id named twice by one
+        token counts twice.
+    top_k_weights : torch.Tensor of shape (T, K), floating point
+        Routing weight of each slot.
+
+    Returns
+    -------
+    torch.Tensor of shape (T, H)
+        ``sum_k top_k_weights[t, k] * expert_{top_k_index[t, k]}(hidden_states[t])``, dtype of
+        ``hidden_states``.
+
+    Raises
+    ------
+    TypeError
+        An argument is not a tensor, or has an unsupported dtype.
+    ValueError
+        An argument has the wrong shape.
+    """
+    _check_inputs(hidden_states, top_k_index, top_k_weights)
+    num_experts = int(self.num_experts)
+    has_gate = getattr(self, "has_gate", True)
+    has_bias = getattr(self, "has_bias", False)
+    transposed = getattr(self, "is_transposed", False)
+    if has_gate:
+        up_weight, up_bias = self.gate_up_proj, getattr(self, "gate_up_proj_bias", None)
+    else:
+        up_weight, up_bias = self.up_proj, getattr(self, "up_proj_bias", None)
+    down_weight, down_bias = self.down_proj, getattr(self, "down_proj_bias", None)
+    if not has_bias:
+        up_bias = down_bias = None
+
+    num_tokens, top_k = top_k_index.shape
+    if num_tokens * top_k == 0:  # no rows: torch._grouped_mm refuses an empty operand
+        return torch.zeros_like(hidden_states)
+    routes, probs = merged_routing(top_k_index, top_k_weights, num_experts)
+    rows_x = hidden_states.to(up_weight.dtype).contiguous()
+    num_rows = -(-num_tokens * top_k // _ROW_MULTIPLE) * _ROW_MULTIPLE
+    permuted = moe_permute(
+        rows_x,
+        None,
+        routes,
+        probs,
+        num_experts,
+        None,
+        1,
+        return_expert_indices=has_bias,
+        override_buffer_size=num_rows,
+        validate=False,
+    )
+    rows, rowmap, row_probs = permuted[0], permuted[1], permuted[2]
+    offsets = torch.cumsum((rowmap >= 0).sum(0), 0, dtype=torch.int32)
+    # a row past the filled ones selects bias row E, an appended zero row: the grouped GEMM
+    # leaves those rows (and their gradients) undefined, and this keeps them out of the bias
+    # gradient
+    row_experts = None
+    if has_bias:
+        row_experts = torch.where(permuted[4] >= 0, permuted[4], num_experts)
+
+    out = _grouped_linear(rows, up_weight, up_bias, offsets, row_experts, transposed)
+    out = self._apply_gate(out) if has_gate else self.act_fn(out)
+    out = _grouped_linear(out, down_weight, down_bias, offsets, row_experts, transposed)
+    if getattr(self, "has_post_expert_norm", False):
+        # the norm's weight gradient sums over every row it sees: give it defined rows
+        filled = torch.arange(out.shape[0], device=out.device) < offsets[-1]
+        out = self.post_expert_norm(torch.where(filled.unsqueeze(1), out, 0))
+    combined, _ = moe_unpermute(
+        out,
+        rowmap,
+        routes,
+        row_probs,
+        num_tokens,
+        num_experts,
+        using_weighted_combine=True,
+        validate=False,
+    )
+    return combined.to(hidden_states.dtype)
+
+
+def merged_routing(
+    top_k_index: torch.Tensor, top_k_weights: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routing map and float32 weights for ``moe_permute``, on the device, sync-free.
+
+    Ids outside ``[0, num_experts)`` become -1. Where one token names an expert in several
+    slots, the first of them carries the sum of their weights and the later ones become -1;
+    every other slot keeps its weight bit for bit.
+
+    Parameters
+    ----------
+    top_k_index : torch.Tensor of shape (T, K), integer
+        Expert id of each slot.
+    top_k_weights : torch.Tensor of shape (T, K), floating point
+        Routing weight of each slot.
+    num_experts : int
+        E.
+
+    Returns
+    -------
+    routes : torch.Tensor of shape (T, K), int32, contiguous
+    probs : torch.Tensor of shape (T, K), float32, contiguous
+        Differentiable in ``top_k_weights``: a merged slot passes its gradient to every slot
+        it summed.
+    """
+    ids = top_k_index.to(torch.int32)
+    ids = torch.where((ids >= 0) & (ids < num_experts), ids, -1)
+    probs = top_k_weights.to(torch.float32)
+    top_k = ids.shape[1]
+    if top_k > 1:
+        # same[t, k, j]: slots k and j name one expert; owner[t, k] = its lowest slot
+        same = ids.unsqueeze(2) == ids.unsqueeze(1)
+        owner = same.to(torch.uint8).argmax(2)
+        slots = torch.arange(top_k, device=ids.device)
+        owned = owner.unsqueeze(2) == slots  # owned[t, k, j]: slot k's weight goes to slot j
+        # a sum of one weight and zeros: exact for the slots that merge nothing
+        probs = torch.where(owned, probs.unsqueeze(2), 0.0).sum(1)
+        ids = torch.where(owner == slots, ids, -1)
+    return ids.contiguous(), probs.contiguous()
+
+
+def _grouped_linear(rows, weight, bias, offsets, row_experts, transposed):
+    """``rows @ weight[e].T (+ bias[e])`` for the rows of each expert e (``weight[e]`` as
+    stored when ``transposed``)."""
+    if not transposed:
+        weight = weight.transpose(-2, -1)
+    out = grouped_mm(rows.to(weight.dtype), weight, offsets)
+    if bias is not None:
+        padded = torch.cat([bias, bias.new_zeros(1, bias.shape[-1])])
+        out = out + padded[row_experts]
+    return out
+
+
+def grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``out[i] = rows[i] @ weight[e]`` for the rows ``offsets[e - 1] <= i < offsets[e]``.
+
+    Rows at or past ``offsets[-1]`` of ``out`` (and of the gradient of ``rows``) are left
+    undefined, as by ``torch._grouped_mm``.
+
+    Parameters
+    ----------
+    rows : torch.Tensor of shape (R, n)
+    weight : torch.Tensor of shape (E, n, m)
+    offsets : torch.Tensor of shape (E,), int32
+        Cumulative end row of each expert.
+
+    Returns
+    -------
+    torch.Tensor of shape (R, m)
+    """
+    if _grouped_mm_runs(rows, weight):
+        if torch.compiler.is_compiling() and rows.dtype != torch.bfloat16:
+            return torch.ops.moe_numba_transformers.grouped_mm(rows, weight, offsets)
+        return torch._grouped_mm(rows, weight, offs=offsets)
+    return _looped_mm(rows, weight, offsets)
+
+
+def _grouped_mm_runs(rows, weight):
+    """Whether torch._grouped_mm takes these operands."""
+    if not hasattr(torch, "_grouped_mm") or rows.dtype not in _GROUPED_MM_DTYPES:
+        return False
+    if weight.device.type == "cuda" and torch.cuda.get_device_capability(weight.device) < (8, 0):
+        return False
+    size = rows.element_size()
+    # the output's rows (and the backward's gradient rows) are weight.shape[-1] wide
+    strides = (*rows.stride(), *weight.stride(), weight.shape[-1])
+    return all(s == 1 or (s * size) % 16 == 0 for s in strides)
+
+
+def _looped_mm(rows, weight, offsets):
+    """Each expert's block multiplied on its own (the offsets come to the host)."""
+    blocks, start = [], 0
+    for expert, end in enumerate(offsets.tolist()):
+        blocks.append(rows[start:end] @ weight[expert])
+        start = end
+    blocks.append(rows.new_zeros(rows.shape[0] - start, weight.shape[-1]))
+    return torch.cat(blocks)
+
+
+# torch.compile traces torch._grouped_mm only in bfloat16 (its meta function refuses other
+# dtypes); an opaque custom op runs the same call for float16 and float32 inside a graph.
+@torch.library.custom_op("moe_numba_transformers::grouped_mm", mutates_args=())
+def _grouped_mm_op(rows: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return torch._grouped_mm(rows, weight, offs=offsets)
+
+
+@_grouped_mm_op.register_fake
+def _(rows, weight, offsets):
+    return rows.new_empty(rows.shape[0], weight.shape[-1])
+
+
+def _grouped_mm_setup(ctx, inputs, output):
+    rows, weight, offsets = inputs
+    ctx.save_for_backward(rows, weight, offsets)
+
+
+def _grouped_mm_backward(ctx, grad):
+    rows, weight, offsets = ctx.saved_tensors
+    grad = grad.contiguous()
+    grad_rows = grad_weight = None
+    if ctx.needs_input_grad[0]:
+        grad_rows = _grouped_mm_op(grad, weight.transpose(-2, -1), offsets)
+    if ctx.needs_input_grad[1]:
+        grad_weight = _grouped_mm_weight_grad(rows, grad, offsets)
+    return grad_rows, grad_weight, None
+
+
+@torch.library.custom_op("moe_numba_transformers::grouped_mm_weight_grad", mutates_args=())
+def _grouped_mm_weight_grad(
+    rows: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
+    # experts with no rows get a zero block
+    return torch._grouped_mm(rows.transpose(0, 1), grad, offs=offsets)
+
+
+@_grouped_mm_weight_grad.register_fake
+def _(rows, grad, offsets):
+    return rows.new_empty(offsets.shape[0], rows.shape[1], grad.shape[1])
+
+
+_grouped_mm_op.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
+
+
+def _check_inputs(hidden_states, top_k_index, top_k_weights):
+    for name, value in (
+        ("hidden_states", hidden_states),
+        ("top_k_index", top_k_index),
+        ("top_k_weights", top_k_weights),
+    ):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+    if hidden_states.dim() != 2:
+        raise ValueError(f"hidden_states: expected shape (T, H), got {tuple(hidden_states.shape)}")
+    if top_k_index.dim() != 2 or top_k_index.shape[0] != hidden_states.shape[0]:
+        raise ValueError(
+            f"top_k_index: expected shape ({hidden_states.shape[0]}, K), "
+            f"got {tuple(top_k_index.shape)}"
+        )
+    if top_k_weights.shape != top_k_index.shape:
+        raise ValueError(
+            f"top_k_weights: expected the shape of top_k_index {tuple(top_k_index.shape)}, "
+            f"got {tuple(top_k_weights.shape)}"
+        )
+    if top_k_index.dtype.is_floating_point or top_k_index.dtype.is_complex:
+        raise TypeError(f"top_k_index: expected an integer dtype, got {top_k_index.dtype}")
+    if not top_k_weights.dtype.is_floating_point:
+        raise TypeError(f"top_k_weights: expected a floating dtype, got {top_k_weights.dtype}")
