@@ -440,12 +440,6 @@ def test_import_moe_numba_imports_neither_torch_nor_transformers():
     assert result.stdout.split() == ["False", "False"]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="moe_numba's torch layer fills moe_numba._api.REPLAYS on the first call with torch "
-    "tensors; when that first call is traced, dynamo's guard on REPLAYS fails in the frame "
-    "that made it (AssertionError: Guard failed on the same frame it was created)",
-)
 def test_compile_first_in_a_fresh_process():
     """The first moe_numba call of a process may be a traced one."""
     code = """if True:
