@@ -38,14 +38,6 @@ from _backends import BACKENDS, available_backends, simulator_on  # noqa: E402
 SIM_COMMAND = "NUMBA_ENABLE_CUDASIM=1 python -m pytest -m sim -n auto"
 PTX_MODULE = "test_ptx.py"
 
-# numba's simulator runs each thread of a block as a Python thread while the block's manager
-# polls them in a loop that holds the GIL until the interpreter's switch interval (5 ms by
-# default) forces it out: every barrier (syncthreads, and syncwarp in the simulator) waits
-# that long before a thread runs again. A short interval lets the threads run as soon as the
-# manager has released them; it changes no result, only when threads take turns.
-if simulator_on():
-    sys.setswitchinterval(1e-4)
-
 # A module that skips itself at collection counts as one skip but is no test: the
 # simulator's process leaves the PTX module out instead, and the header says so.
 collect_ignore = [PTX_MODULE] if simulator_on() else []
