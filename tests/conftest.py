@@ -26,7 +26,6 @@ counts every skip of the run by reason (``-rs`` lists them one by one).
 """
 
 import os
-import sys
 from collections import Counter
 
 os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
