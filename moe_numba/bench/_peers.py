@@ -455,6 +455,14 @@ class TeInputs:
         self.scale_width = None if inputs.scale is None else inputs.scale.shape[1]
 
 
+def _checked_unpermute(impl, torch, unpermute, ours, inputs, note):
+    """A peer's weighted unpermute as an :class:`Operation`, its output checked first against
+    moe-numba's combine of the same rows."""
+    name = op_name("unpermute weighted", impl)
+    note(name, check_close(torch, unpermute(), _reference_y(ours, inputs)))
+    return Operation(name, unpermute, unpermute_bytes(inputs.case), False)
+
+
 def _te_ops(torch, te, inputs, ours, note):
     c = inputs.case
     t = TeInputs(torch, inputs)
@@ -489,13 +497,7 @@ def _te_ops(torch, te, inputs, ours, note):
                 rows, row_id_map, t.probs, None, t.pad_offsets, c.tokens, c.experts, c.hidden
             )[0]
 
-        note(
-            op_name("unpermute weighted", TE),
-            check_close(torch, unpermute(), _reference_y(ours, inputs)),
-        )
-        ops.append(
-            Operation(op_name("unpermute weighted", TE), unpermute, unpermute_bytes(c), False)
-        )
+        ops.append(_checked_unpermute(TE, torch, unpermute, ours, inputs, note))
     return ops
 
 
@@ -551,13 +553,7 @@ def _vllm_ops(torch, ops_lib, inputs, ours, note):
     note(op_name("permute", VLLM), verdict)
     ops = [Operation(op_name("permute", VLLM), permute, dense_permute_bytes(c), False)]
     if c.has_unpermute:
-        note(
-            op_name("unpermute weighted", VLLM),
-            check_close(torch, unpermute(), _reference_y(ours, inputs)),
-        )
-        ops.append(
-            Operation(op_name("unpermute weighted", VLLM), unpermute, unpermute_bytes(c), False)
-        )
+        ops.append(_checked_unpermute(VLLM, torch, unpermute, ours, inputs, note))
     return ops
 
 

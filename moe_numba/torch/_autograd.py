@@ -284,14 +284,12 @@ def _permute_of_plan(backend, plan, *inputs):
     route's run, which records the key's second call."""
     arrays = _ops.PermuteArrays(*inputs[:4])
     num_experts, counts, alignment, *flags = inputs[4:]
-    values = (num_experts, alignment, *flags)
+    values = (num_experts, alignment, *flags)  # (in the order of _core.PERMUTE_SCALARS)
+    scalars = _core.permute_scalars(*values)
     outputs = _replay.PERMUTE(arrays, values, counts)
     if outputs is None:
-        scalars = _core.permute_scalars(*values)
         return _direct.permute(backend, plan, arrays, scalars, counts)
-    if flags[2]:  # return_expert_indices
-        return outputs
-    return (*outputs, arrays.hidden_states.new_empty((0,), dtype=torch.int32))
+    return _ops.with_indices(outputs, scalars["return_expert_indices"], arrays.hidden_states)
 
 
 def _unpermute_of_plan(backend, plan, *inputs):

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .._contract import ArrayMeta
+from .._libraries._torch import TorchLibrary
 
 # torch dtype -> (the integer dtype its bits cross as, the ml_dtypes dtype on the NumPy side)
 _BITS = {
@@ -23,30 +24,9 @@ _BITS = {
 }
 _TORCH_OF_NUMPY = {numpy_dtype: dtype for dtype, (_, numpy_dtype) in _BITS.items()}
 FLOAT8 = frozenset((torch.float8_e4m3fn, torch.float8_e5m2))
-# every torch dtype that moe-numba serves, with the NumPy dtype the contract reads
-NUMPY_OF_TORCH = {
-    **{dtype: numpy_dtype for dtype, (_, numpy_dtype) in _BITS.items()},
-    **{
-        getattr(torch, name): np.dtype(name)
-        for name in (
-            "float16",
-            "float32",
-            "float64",
-            "int8",
-            "int16",
-            "int32",
-            "int64",
-            "uint8",
-            "uint16",
-            "uint32",
-            "uint64",
-            "bool",
-            "complex64",
-            "complex128",
-        )
-        if hasattr(torch, name)
-    },
-}
+# every torch dtype that moe-numba serves, with the NumPy dtype the contract reads (the torch
+# adapter's table: the one place that knows it)
+NUMPY_OF_TORCH = TorchLibrary().to_numpy
 
 
 def check_dtypes(arrays):

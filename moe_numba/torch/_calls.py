@@ -69,10 +69,10 @@ def permute(arrays, values, tokens_per_expert):
         refuse_unsupported("moe_permute", arrays)
         check_all_tensors(arrays)
         capacities = None
-        if not _compiling() and values[5] < 0:  # (the schema takes a list of ints)
-            capacities = capacities_from(tokens_per_expert, values[0])
-        elif values[5] < 0:
-            capacities = tokens_per_expert
+        if values[5] < 0:  # (the schema takes a list of ints; dynamo's may be traced)
+            capacities = (
+                tokens_per_expert if _compiling() else capacities_from(tokens_per_expert, values[0])
+            )
         outputs = _ops.permute(*arrays, *_op_scalars(values, capacities))
     return outputs if return_expert_indices else outputs[:4]
 
@@ -108,22 +108,17 @@ def unpermute(arrays, values):
     return _ops.unpermute(*arrays, *values)
 
 
-def _absent_to_none(outputs, arrays, present):
-    """The gradient op's outputs with None for each gradient that was not asked for."""
-    return tuple(
-        out if arrays[i] is not None else None for out, i in zip(outputs, present, strict=True)
-    )
-
-
 def permute_backward(arrays, values):
     """:func:`moe_numba.moe_permute_backward` on torch tensors."""
     if direct(arrays) and not _recorded(arrays, (0, 1)):
         return _direct.permute_backward(arrays, values)
     refuse_unsupported("moe_permute_backward", arrays)
     check_all_tensors(arrays)
-    if arrays[0] is None and arrays[1] is None:
+    grad_rows, grad_probs = arrays[0], arrays[1]
+    if grad_rows is None and grad_probs is None:
         return None, None
-    return _absent_to_none(_ops.permute_backward(*arrays, *values), arrays, (0, 1))
+    hidden, probs = _ops.permute_backward(*arrays, *values)
+    return (None if grad_rows is None else hidden), (None if grad_probs is None else probs)
 
 
 def unpermute_backward(arrays, values):

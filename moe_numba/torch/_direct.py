@@ -12,13 +12,19 @@ from .. import _core
 from .._contract_backward import PermuteBackwardArrays, UnpermuteBackwardArrays
 from . import _replay
 from ._bridge import check_dtypes
-from ._ops import run_on_tensors
+from ._ops import run_on_tensors, with_indices
 
 
 def check_all_tensors(arrays):
     """With one torch tensor among the arrays, every array must be one (the custom ops take
     tensors only; mixing kinds would leave the outputs' kind undefined), of a dtype moe-numba
     serves."""
+    check_dtypes(arrays)
+    _check_kinds(arrays)
+
+
+def _check_kinds(arrays):
+    """The first half of :func:`check_all_tensors`: every array a tensor."""
     named = {name: x for name, x in arrays._asdict().items() if x is not None}
     tensor = next(name for name, x in named.items() if isinstance(x, torch.Tensor))
     for name, x in named.items():
@@ -28,7 +34,6 @@ def check_all_tensors(arrays):
                 f"{type(x).__module__}.{type(x).__name__}: pass every array as a torch tensor "
                 "(on one device), or none"
             )
-    check_dtypes(arrays)
 
 
 def _replayable(arrays, validate):
@@ -40,17 +45,17 @@ def _replayable(arrays, validate):
 
 def planned_permute(arrays, scalars, tokens_per_expert):
     """(backend, plan) of a permute on tensors, checked as for every array kind."""
-    check_dtypes(arrays)
+    check_dtypes(arrays)  # (first: the core would name the bits' dtype, not torch's)
     backend, plan = _core.planned_permute(arrays, scalars, tokens_per_expert)
-    check_all_tensors(arrays)
+    _check_kinds(arrays)
     return backend, plan
 
 
 def planned_unpermute(arrays, scalars):
     """(backend, plan) of an unpermute on tensors, checked as for every array kind."""
-    check_dtypes(arrays)
+    check_dtypes(arrays)  # (as for the permute)
     backend, plan = _core.planned_unpermute(arrays, scalars)
-    check_all_tensors(arrays)
+    _check_kinds(arrays)
     return backend, plan
 
 
@@ -62,9 +67,7 @@ def permute(backend, plan, arrays, scalars, tokens_per_expert):
         outputs = _replay.PERMUTE.run(backend, plan, arrays, scalars, tokens_per_expert)
     else:
         outputs = run_on_tensors(_core.run_permute, backend, plan, arrays, validate)
-    if scalars["return_expert_indices"]:
-        return outputs
-    return (*outputs, arrays.hidden_states.new_empty((0,), dtype=torch.int32))
+    return with_indices(outputs, scalars["return_expert_indices"], arrays.hidden_states)
 
 
 def unpermute(backend, plan, arrays, scalars):
@@ -105,9 +108,9 @@ def _gradient(replays, names, planned, run, arrays, values):
     if outputs is not None:
         return outputs
     scalars = dict(zip(names, values, strict=True))
-    check_dtypes(arrays)
+    check_dtypes(arrays)  # (as for the permute)
     backend, plan = planned(arrays, scalars)
-    check_all_tensors(arrays)
+    _check_kinds(arrays)
     validate = scalars["validate"]
     if plan.computes and _replayable(arrays, validate):
         return replays.run(backend, plan, arrays, scalars)

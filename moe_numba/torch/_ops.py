@@ -73,16 +73,16 @@ def permute_eager(
         validate,
     )
     backend, plan = _core.planned_permute(arrays, scalars, tokens_per_expert)
-    return permute_of_plan(backend, plan, arrays, return_expert_indices, validate)
-
-
-def permute_of_plan(backend, plan, arrays, return_expert_indices, validate):
-    """The op's outputs for ``arrays`` (a PermuteArrays of tensors), whose checked plan is
-    ``plan``: ``expert_indices`` always last (empty when not asked for)."""
     outputs = run_on_tensors(_core.run_permute, backend, plan, arrays, validate)
+    return with_indices(outputs, return_expert_indices, hidden_states)
+
+
+def with_indices(outputs, return_expert_indices, like):
+    """The op's outputs from ``moe_permute``'s: ``expert_indices`` always last (an empty
+    int32 stand-in on ``like``'s device when not asked for)."""
     if return_expert_indices:
         return outputs
-    return (*outputs, arrays.hidden_states.new_empty((0,), dtype=torch.int32))
+    return (*outputs, like.new_empty((0,), dtype=torch.int32))
 
 
 def run_on_tensors(run, backend, plan, arrays, validate):
