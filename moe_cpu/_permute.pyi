@@ -18,4 +18,5 @@ def permute(
     *,
     alignment: int,
     validate: bool,
+    out_offsets: npt.NDArray[np.int32] | None = None,
 ) -> None: ...

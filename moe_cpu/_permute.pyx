@@ -227,6 +227,18 @@ cdef void _scan(Plan* p, const int64_t* capacity, int64_t* status) noexcept nogi
         status[PERMUTE_ROWS_NEEDED] = total
 
 
+cdef void _block_ends(Plan* p, int32_t* ends) noexcept nogil:
+    """ends[e] = min(offset_e + padded_e, R): where expert e's block ends (offsets saturate,
+    so compare with R - offset)."""
+    cdef int64_t e, padded
+    for e in range(p.E):
+        padded = _padded(p.capacity[e], p.A)
+        if p.offset[e] >= p.R or padded >= p.R - p.offset[e]:
+            ends[e] = <int32_t>p.R
+        else:
+            ends[e] = <int32_t>(p.offset[e] + padded)
+
+
 cdef void _place(Plan* p, const index_t* routemap, int32_t* rowmap, int nthreads) noexcept nogil:
     """Give each counting slot its row (tokens ascending within an expert); fill the rowmap."""
     cdef int64_t c, t, k, slot, e, r, t0, t1
@@ -326,6 +338,7 @@ def permute(
     *,
     int64_t alignment,
     bint validate,
+    int32_t[::1] out_offsets=None,               # OUT  [E] or None
 ):
     """Backend of ``moe_permute``: fill the preallocated outputs and the status words.
 
@@ -358,6 +371,8 @@ def permute(
         Rows per padding unit, >= 1.
     validate : bool
         When true and `status` reports an error, return without writing the outputs.
+    out_offsets : numpy.ndarray or None
+        int32 ``[E]``: the end row of each expert's block, cut at R; None when not asked for.
 
     Raises
     ------
@@ -377,7 +392,7 @@ def permute(
     p.R = out_probs.shape[0]
     p.A = alignment
     _check_permute_shapes(hidden, scale, probs, capacity, out_hidden, out_scale, out_rowmap,
-                          out_indices, status, &p)
+                          out_indices, out_offsets, status, &p)
     if alignment < 1:
         raise ValueError(f"alignment must be >= 1; got {alignment}")
     cdef const uint8_t* hidden_ptr = NULL if p.T == 0 or hidden is None else &hidden[0, 0]
@@ -390,6 +405,7 @@ def permute(
     cdef int32_t* rowmap_ptr = NULL if p.T == 0 else &out_rowmap[0, 0]
     cdef float* out_probs_ptr = NULL if p.R == 0 else &out_probs[0]
     cdef int32_t* indices_ptr = NULL if p.R == 0 or out_indices is None else &out_indices[0]
+    cdef int32_t* offsets_ptr = NULL if out_offsets is None else &out_offsets[0]
 
     p.nchunks = (p.T + TOKEN_CHUNK - 1) // TOKEN_CHUNK
     # +1: malloc(0) may return NULL
@@ -417,6 +433,8 @@ def permute(
                 _place(&p, routemap_ptr, rowmap_ptr, nthreads)
                 _gather(&p, routemap_ptr, probs_ptr, hidden_ptr, out_hidden_ptr, hb,
                         scale_ptr, out_scale_ptr, sb, out_probs_ptr, indices_ptr, nthreads)
+                if offsets_ptr != NULL:
+                    _block_ends(&p, offsets_ptr)
     finally:
         free(p.counted)
         free(p.ranks)
@@ -432,7 +450,8 @@ def permute(
 cdef int _check_permute_shapes(
     const uint8_t[:, ::1] hidden, const uint8_t[:, ::1] scale, const float[:, ::1] probs,
     const int64_t[::1] capacity, uint8_t[:, ::1] out_hidden, uint8_t[:, ::1] out_scale,
-    int32_t[:, ::1] out_rowmap, int32_t[::1] out_indices, int64_t[::1] status, Plan* p,
+    int32_t[:, ::1] out_rowmap, int32_t[::1] out_indices, int32_t[::1] out_offsets,
+    int64_t[::1] status, Plan* p,
 ) except -1:
     """Raise ValueError unless every shape agrees with routemap's [T, K], E and R."""
     if probs.shape[0] != p.T or probs.shape[1] != p.K:
@@ -445,6 +464,8 @@ cdef int _check_permute_shapes(
     _check_rows("scale", scale, "out_scale", out_scale, p, "sb")
     if out_indices is not None and out_indices.shape[0] != p.R:
         raise shape_error("out_indices", (out_indices.shape[0],), "[R]", (p.R,))
+    if out_offsets is not None and out_offsets.shape[0] != p.E:
+        raise shape_error("out_offsets", (out_offsets.shape[0],), "[E]", (p.E,))
     if status.shape[0] != PERMUTE_STATUS_LEN:
         raise shape_error("status", (status.shape[0],), "[PERMUTE_STATUS_LEN]",
                           (PERMUTE_STATUS_LEN,))

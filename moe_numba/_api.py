@@ -52,6 +52,7 @@ def moe_permute(
     name: str | None = None,
     *,
     validate: bool = True,
+    return_expert_offsets: bool = False,
 ) -> tuple[Array, ...]:
     """Copy every (token, expert) pair into an expert-major, padded buffer ("unzip").
 
@@ -99,6 +100,9 @@ def moe_permute(
         too small). On a GPU the host waits for the kernel that checks the routing (not for
         the row copies, which go on after the call returns): the call's only sync. With
         False nothing is checked or synchronised, and bad values follow the documented rules.
+    return_expert_offsets : bool, default False
+        Also return ``expert_offsets``: where each expert's block ends, computed where the
+        rows are (on the device for CUDA arrays, with no host round trip).
 
     Returns
     -------
@@ -113,6 +117,11 @@ def moe_permute(
     expert_indices : array of shape (R,), int32
         Only with ``return_expert_indices=True``: owning expert of each filled row, -1 on
         padding rows.
+    expert_offsets : array of shape (E,), int32
+        Only with ``return_expert_offsets=True``: ``min(offset_e + padded_e, R)``, the end
+        row of expert e's block (its padding included), cut at R; the ``offs`` of a grouped
+        GEMM such as ``torch._grouped_mm``. Rows from ``expert_offsets[-1]`` on belong to
+        no expert (zero, like padding).
 
     Raises
     ------
@@ -143,6 +152,7 @@ def moe_permute(
         return_expert_indices,
         override_buffer_size,
         validate,
+        return_expert_offsets,
     )
     calls = torch_calls(arrays)
     if calls is not None:

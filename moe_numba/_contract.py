@@ -140,6 +140,7 @@ class PermutePlan(NamedTuple):
     capacities: np.ndarray | None  # None under override_buffer_size
     do_gather: bool
     return_expert_indices: bool
+    return_expert_offsets: bool
 
     @property
     def gather_scale(self):
@@ -167,6 +168,7 @@ def check_permute_metadata(
     return_expert_indices,
     override_buffer_size,
     validate,
+    return_expert_offsets=False,
 ):
     """Check the metadata of a ``moe_permute`` call (everything but ``tokens_per_expert``) and
     plan its outputs; ``num_rows`` is -1 unless ``override_buffer_size`` fixes it.
@@ -178,6 +180,7 @@ def check_permute_metadata(
     do_gather = check_bool("do_gather", do_gather)
     using_ue8m0_scale = check_bool("using_ue8m0_scale", using_ue8m0_scale)
     return_expert_indices = check_bool("return_expert_indices", return_expert_indices)
+    return_expert_offsets = check_bool("return_expert_offsets", return_expert_offsets)
     check_bool("validate", validate)
     num_experts = check_int("num_experts", num_experts, 1)
     alignment = check_int("padding_alignment", padding_alignment, 1)
@@ -236,6 +239,7 @@ def check_permute_metadata(
         capacities=None,
         do_gather=do_gather,
         return_expert_indices=return_expert_indices,
+        return_expert_offsets=return_expert_offsets,
     )
 
 

@@ -48,6 +48,7 @@ PERMUTE_SCALARS = (
     "return_expert_indices",
     "override_buffer_size",
     "validate",
+    "return_expert_offsets",
 )
 UNPERMUTE_SCALARS = (
     "total_zipped_tokens",

@@ -69,6 +69,7 @@ def permute(plan, arrays, validate, *, empty=moe_cpu.empty):
         status,
         alignment=plan.alignment,
         validate=validate,
+        out_offsets=out.offsets,
     )
     return out, (status if validate else None)
 

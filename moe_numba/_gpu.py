@@ -233,6 +233,7 @@ class _GPUBackend:
             out_rowmap=call.buffer(out.rowmap),
             out_probs=call.buffer(out.probs),
             out_indices=call.buffer(out.indices),
+            out_offsets=call.buffer(out.offsets),
             routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
         )
         status = self._permute.run(plan, buffers, validate, call.alloc, stream)

@@ -56,6 +56,7 @@ def permute(
     do_gather=True,
     return_expert_indices=False,
     override_buffer_size=-1,
+    return_expert_offsets=False,
 ):
     """Reference ``moe_permute`` on NumPy arrays.
 
@@ -130,6 +131,8 @@ def permute(
     outputs = (hidden_unzipped, rowmap, probs_unzipped, scale_unzipped)
     if return_expert_indices:
         outputs += (expert_indices,)
+    if return_expert_offsets:
+        outputs += (np.minimum(offsets[1:], num_rows).astype(np.int32),)
     return outputs, status
 
 

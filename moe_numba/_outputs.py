@@ -15,18 +15,25 @@ import numpy as np
 
 
 class PermuteOutputs(NamedTuple):
-    """The outputs of one ``moe_permute`` call (``indices`` None unless asked for)."""
+    """The outputs of one ``moe_permute`` call (``indices`` and ``offsets`` None unless asked
+    for)."""
 
     hidden: object
     rowmap: object
     probs: object
     scale: object
     indices: object | None
+    offsets: object | None
 
     def result(self):
-        """The tuple ``moe_permute`` returns: ``expert_indices`` last, only when asked for."""
-        head = (self.hidden, self.rowmap, self.probs, self.scale)
-        return head if self.indices is None else (*head, self.indices)
+        """The tuple ``moe_permute`` returns: ``expert_indices`` then ``expert_offsets``,
+        each only when asked for."""
+        out = (self.hidden, self.rowmap, self.probs, self.scale)
+        if self.indices is not None:
+            out += (self.indices,)
+        if self.offsets is not None:
+            out += (self.offsets,)
+        return out
 
 
 def permute_outputs(plan, empty):
@@ -49,7 +56,10 @@ def permute_outputs(plan, empty):
     indices = None
     if plan.return_expert_indices:
         indices = _allocate(empty, "expert_indices", (rows,), np.int32, by)
-    return PermuteOutputs(hidden, rowmap, probs, scale, indices)
+    offsets = None
+    if plan.return_expert_offsets:
+        offsets = _allocate(empty, "expert_offsets", (plan.num_experts,), np.int32, "num_experts")
+    return PermuteOutputs(hidden, rowmap, probs, scale, indices, offsets)
 
 
 _ROWS_FROM_CAPACITIES = "tokens_per_expert and padding_alignment"

@@ -12,12 +12,12 @@ transformers 5 lets a model pick the implementation of its MoE experts layer by 
 2. :func:`moe_numba.moe_permute` into an expert-major buffer of ``round_up(T * K, 8)`` rows
    (``override_buffer_size``: counts taken on the device, no host round trip), each expert's
    rows unpadded (``padding_alignment=1``: the grouped GEMM takes any group size, and padding
-   would only add rows to multiply);
-3. the per-expert offsets ``cumsum`` of the row map's column counts, on the device;
-4. the up (or gate-up) projection, the model's own gate or activation, the down projection,
-   as ``torch._grouped_mm`` over those offsets, with per-row biases gathered by the permute's
-   ``expert_indices``;
-5. :func:`moe_numba.moe_unpermute` with the weighted combine (float32 accumulation, one
+   would only add rows to multiply), with the end row of each expert's block
+   (``return_expert_offsets=True``, written by the permute's own kernels);
+3. over those offsets, the up (or gate-up) projection, the model's own gate or activation,
+   the down projection, as ``torch._grouped_mm``, with per-row biases gathered by the
+   permute's ``expert_indices``;
+4. :func:`moe_numba.moe_unpermute` with the weighted combine (float32 accumulation, one
    rounding).
 
 Nothing in it reads a device value on the host, so ``torch.compile(fullgraph=True)`` traces it
@@ -167,9 +167,9 @@ def experts_forward(
         return_expert_indices=has_bias,
         override_buffer_size=num_rows,
         validate=False,
+        return_expert_offsets=True,
     )
-    rows, rowmap, row_probs = permuted[0], permuted[1], permuted[2]
-    offsets = torch.cumsum((rowmap >= 0).sum(0), 0, dtype=torch.int32)
+    rows, rowmap, row_probs, offsets = permuted[0], permuted[1], permuted[2], permuted[-1]
     # a row past the filled ones selects bias row E, an appended zero row: the grouped GEMM
     # leaves those rows (and their gradients) undefined, and this keeps them out of the bias
     # gradient

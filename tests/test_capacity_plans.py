@@ -13,7 +13,7 @@ from moe_numba._contract import PermuteArrays
 def _plan(num_experts=3, alignment=2):
     x = np.zeros((4, 2), np.float32)
     arrays = PermuteArrays(x, None, np.zeros((4, 1), np.int32), np.zeros((4, 1), np.float32))
-    scalars = _core.permute_scalars(num_experts, alignment, True, False, False, -1, True)
+    scalars = _core.permute_scalars(num_experts, alignment, True, False, False, -1, True, False)
     return _core.PERMUTE.prepare(arrays, scalars)[1]
 
 

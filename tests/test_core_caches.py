@@ -13,7 +13,7 @@ def test_clear_forgets_every_prepared_call():
     probs = np.ones((4, 1), np.float32)
     moe_permute(x, None, routes, probs, 2, [2, 2], 1)
     arrays = PermuteArrays(x, None, routes, probs)
-    scalars = _core.permute_scalars(2, 1, True, False, False, -1, True)
+    scalars = _core.permute_scalars(2, 1, True, False, False, -1, True, False)
     first = _core.PERMUTE.prepare(arrays, scalars)
     assert _core.PERMUTE.prepare(arrays, scalars) is first  # remembered
     _core.clear()

@@ -130,10 +130,11 @@ def _one_kernel_slots(slots):
 
 def run_permute(hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=True, override=-1):
     """Run the GPU backend (validate on and off) and the oracle; assert every output and
-    status word is identical. Returns the status words."""
+    status word is identical (``indices``: the expert indices and the expert offsets asked
+    for). Returns the status words."""
     T, K = rm.shape
     (expected, status_expected) = _oracle.permute(
-        hidden, scale, rm, probs, E, tpe, A, do_gather, indices, override
+        hidden, scale, rm, probs, E, tpe, A, do_gather, indices, override, indices
     )
     plan = PermutePlan(
         num_tokens=T,
@@ -148,6 +149,7 @@ def run_permute(hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=Tru
         capacities=None,
         do_gather=do_gather,
         return_expert_indices=indices,
+        return_expert_offsets=indices,
     )
     if override < 0:
         plan = with_capacities(plan, tpe)
@@ -173,8 +175,9 @@ def run_permute(hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=Tru
             np.testing.assert_array_equal(bits(out.scale), expected[3].view(np.uint32))
         if indices:
             np.testing.assert_array_equal(out.indices.copy_to_host(), expected[4])
+            np.testing.assert_array_equal(out.offsets.copy_to_host(), expected[5])
         else:
-            assert out.indices is None
+            assert out.indices is None and out.offsets is None
     return status_expected
 
 
@@ -360,7 +363,7 @@ def test_permute_one_block_only_for_few_slots(monkeypatch):
 
     def one_block(T, K, validate=False):
         return PM._plan_launches(
-            T, K, 4, T * K, 4, 2, 4, 0, 32, validate, 1, False, False
+            T, K, 4, T * K, 4, 2, 4, 0, 32, validate, 1, False, False, False
         ).one_block
 
     assert one_block(32, 2) and not one_block(32, 3) and not one_block(32, 2, validate=True)
@@ -378,7 +381,7 @@ def test_permute_one_kernel_for_calls_that_fit(monkeypatch):
     monkeypatch.setattr(PM, "ONE_KERNEL_SLOTS", ONE_KERNEL_ON)
 
     def plan(T, K, E, validate=False):
-        return PM._plan_launches(T, K, E, T * K, 4, 2, 4, 0, 32, validate, 1, False, False)
+        return PM._plan_launches(T, K, E, T * K, 4, 2, 4, 0, 32, validate, 1, False, False, False)
 
     def kernels(T, K, E, validate=False):
         return [step.family.name for step in plan(T, K, E, validate).launches.steps]

@@ -236,6 +236,12 @@ PERMUTE_ERRORS = [
         TypeError,
         "return_expert_indices must be a bool",
     ),
+    (
+        "offsets flag not bool",
+        setter(return_expert_offsets="yes"),
+        TypeError,
+        "return_expert_offsets must be a bool; got str 'yes'",
+    ),
     ("validate not bool", setter(validate=1), TypeError, "validate must be a bool; got int 1"),
     # values: validate=True only
     (

@@ -24,7 +24,6 @@ OUTPUT_NAMES = (
     "zipped_expertwise_rowmap",
     "token_prob_unzipped",
     "scale_unzipped",
-    "expert_indices",
 )
 
 
@@ -66,8 +65,11 @@ def check_against_oracle(
     actual = permute_on(
         backend, hidden, scale, routemap, probs, num_experts, tokens_per_expert, alignment, **flags
     )
-    assert len(actual) == len(expected)
-    for name, a, b in zip(OUTPUT_NAMES[: len(actual)], actual, expected, strict=True):
+    names = OUTPUT_NAMES
+    names += ("expert_indices",) if flags.get("return_expert_indices") else ()
+    names += ("expert_offsets",) if flags.get("return_expert_offsets") else ()
+    assert len(actual) == len(expected) == len(names)
+    for name, a, b in zip(names, actual, expected, strict=True):
         assert_same_bits(a, b, name)
     return actual
 
@@ -75,10 +77,21 @@ def check_against_oracle(
 def test_paddle_docs_example(backend):
     """3 tokens, H=128, topk 8, 3 experts, tokens_per_expert [1, 2, 1], alignment 2."""
     hidden, routemap, probs = docs_example_inputs()
-    rows, rowmap, row_probs, scale, indices = check_against_oracle(
-        backend, hidden, None, routemap, probs, 3, [1, 2, 1], 2, return_expert_indices=True
+    rows, rowmap, row_probs, scale, indices, ends = check_against_oracle(
+        backend,
+        hidden,
+        None,
+        routemap,
+        probs,
+        3,
+        [1, 2, 1],
+        2,
+        return_expert_indices=True,
+        return_expert_offsets=True,
     )
     assert rows.shape == (6, 128)
+    np.testing.assert_array_equal(ends, [2, 4, 6])
+    assert ends.dtype == np.int32
     np.testing.assert_array_equal(rowmap, [[0, -1, 4], [-1, 2, -1], [-1, 3, -1]])
     np.testing.assert_array_equal(indices, [0, -1, 1, 1, 2, -1])
     np.testing.assert_array_equal(
@@ -112,6 +125,7 @@ def permute_cases(draw, small, float8=True):
         scale=draw(st.sampled_from([None, "float32", "ue8m0"])),
         do_gather=draw(st.booleans()),
         return_expert_indices=draw(st.booleans()),
+        return_expert_offsets=draw(st.booleans()),
         routemap_dtype=draw(st.sampled_from([np.int32, np.int64])),
         seed=draw(st.integers(0, 2**32 - 1)),
     )
@@ -141,6 +155,7 @@ def build_permute_case(case):
     flags = dict(
         do_gather=case["do_gather"],
         return_expert_indices=case["return_expert_indices"],
+        return_expert_offsets=case["return_expert_offsets"],
         using_ue8m0_scale=case["scale"] == "ue8m0",
         validate=case["mode"] == "exact",
     )
@@ -198,15 +213,19 @@ def test_override_pads_extra_rows_and_drops_overflow(backend):
         None,
         2,
     )
-    needed = int(_oracle.padded_rows(counts_of(routemap, e), 2).sum())
+    padded = _oracle.padded_rows(counts_of(routemap, e), 2)
+    needed = int(padded.sum())
     for rows in (needed + 5, needed, needed // 2, 0):
-        check_against_oracle(
+        *_, ends = check_against_oracle(
             backend,
             *args,
             override_buffer_size=rows,
             return_expert_indices=True,
+            return_expert_offsets=True,
             validate=rows >= needed,
         )
+        # each expert's block ends where its padded count says, cut at the buffer's end
+        np.testing.assert_array_equal(ends, np.minimum(np.cumsum(padded), rows))
 
 
 def test_do_gather_false_keeps_maps(backend):

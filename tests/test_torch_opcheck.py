@@ -25,13 +25,15 @@ def _opcheck(op, args):
 
 
 def _permute_args(device, dtype, override, indices, scale=None):
+    """The op's arguments; ``indices``: both optional outputs asked for."""
     case = routing(11, dtype=dtype, num_tokens=9)
     x = to_torch(case["hidden_states"], device).requires_grad_()
     p = to_torch(case["expert_prob_topk"], device).requires_grad_()
     routemap = to_torch(case["expert_routemap_topk"], device)
     tokens = None if override else case["tokens_per_expert"]
     rows = rows_needed(case) + 5 if override else -1
-    return (x, scale, routemap, p, case["num_experts"], tokens, 2, True, False, indices, rows, True)
+    e = case["num_experts"]
+    return (x, scale, routemap, p, e, tokens, 2, True, False, indices, rows, True, indices)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -49,7 +51,7 @@ def test_permute_float8_with_scale(device):
     scale = torch.rand(6, 2, device=device, requires_grad=True)
     p = to_torch(case["expert_prob_topk"], device).requires_grad_()
     routemap = to_torch(case["expert_routemap_topk"], device)
-    args = (x, scale, routemap, p, 4, case["tokens_per_expert"], 2, True, False, False, -1, True)
+    args = (x, scale, routemap, p, 4, case["tokens_per_expert"], 2, True, False, False, -1, True, True)
     # test_schema compares inputs with torch.allclose and test_aot_dispatch_dynamic sums the
     # outputs, neither of which has a float8 kernel on the CPU: the schema check (inputs
     # unchanged, outputs alias no input) is made here bit for bit, and test_torch_compile
@@ -105,7 +107,7 @@ def _detached(args):
 @pytest.mark.parametrize("override", [False, True])
 @pytest.mark.parametrize("given", ["both", "rows", "probs"])
 def test_permute_backward(device, override, given):
-    x, _, routemap, p, *_, rows, _ = _permute_args(device, ml_dtypes.bfloat16, override, False)
+    x, _, routemap, p, *_, rows, _, _ = _permute_args(device, ml_dtypes.bfloat16, override, False)
     out = ops.permute(*_permute_args(device, ml_dtypes.bfloat16, override, False))
     grad_rows = torch.randn_like(out[0]) if given != "probs" else None
     grad_probs = torch.rand_like(out[2]) if given != "rows" else None

@@ -76,14 +76,14 @@ def test_untraced_gradients_equal_the_custom_ops(device, weighted):
     the outputs and the gradients of the rows and the probabilities are the same bits."""
     case, x, routes, probs = _tensors(3, device)
     counts, num_experts = case["tokens_per_expert"], case["num_experts"]
-    scalars = (num_experts, counts, case["padding_alignment"], True, False, False, -1, True)
+    scalars = (num_experts, counts, case["padding_alignment"], True, False, False, -1, True, False)
     dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(5)).to(x.dtype).to(device)
 
     def step(through_op):
         xg = x.clone().requires_grad_(True)
         pg = probs.clone().requires_grad_(True)
         if through_op:
-            rows, rowmap, row_probs, _, _ = _ops.permute(xg, None, routes, pg, *scalars)
+            rows, rowmap, row_probs, _, _, _ = _ops.permute(xg, None, routes, pg, *scalars)
             flags = (x.shape[0], num_experts, True, weighted, True)
             y, _ = _ops.unpermute(rows, rowmap, routes, row_probs, *flags)
         else:

@@ -119,7 +119,7 @@ def operations(T, A, x, routes, probs, counts, permuted, dy):
 def pieces(A, x, routes, probs, counts):
     """The pieces of a permute call (T of ``x``), and a few torch calls to compare with."""
     arrays = PermuteArrays(x, None, routes, probs)
-    scalars = _core.permute_scalars(E, A, True, False, False, -1, False)
+    scalars = _core.permute_scalars(E, A, True, False, False, -1, False, False)
     _, plan = _core.planned_permute(arrays, scalars, counts)
     backend = _gpu.gpu_backend()
     call = _gpu._Call(x)

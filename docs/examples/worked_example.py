@@ -54,6 +54,23 @@ rows = hidden_states_unzipped.view(np.uint16)
 for row, token in [(0, 0), (2, 1), (3, 2), (4, 0)]:
     assert np.array_equal(rows[row], bits[token])
 assert not rows[[1, 5]].any()  # padding rows are zero
+
+# where each expert's block ends: a grouped GEMM's offsets, for this buffer and for one row
+# fewer (too few: validate=False drops what does not fit, here expert 2's padding row)
+for buffer_size, ends in [(-1, [2, 4, 6]), (5, [2, 4, 5])]:
+    *_, expert_offsets = moe_permute(
+        hidden_states,
+        None,
+        expert_routemap_topk,
+        expert_prob_topk,
+        num_experts=num_experts,
+        tokens_per_expert=[1, 2, 1],
+        padding_alignment=2,
+        override_buffer_size=buffer_size,
+        validate=False,
+        return_expert_offsets=True,
+    )
+    assert expert_offsets.tolist() == ends and expert_offsets.dtype == np.int32
 # [end-check]
 
 # [start-unpermute]

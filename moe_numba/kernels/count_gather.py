@@ -58,7 +58,8 @@ def _count_gather_params(key):
     params = [(n, t) for n, t in _gather_params(key) if n not in _SHARED]
     at = [n for n, _ in params].index("out_hidden")
     params[at:at] = [("capacity", ptr(int64))]  # [E] tokens_per_expert (unused: override)
-    return params + [("A", INT), ("R", INT), ("override", INT)]
+    params += [("out_offsets", ptr(int32))]  # out [E] (with has_offsets)
+    return params + [("A", INT), ("R", INT), ("override", INT), ("has_offsets", INT)]
 
 
 @device
@@ -138,9 +139,11 @@ def _make_count_gather(key):
         nparts,
         pw,
         pad_rows,
+        out_offsets,
         A,
         R,
         override,
+        has_offsets,
     ):
         bits = cuda.shared.array(BITS, uint32)
         rank = cuda.shared.array(SLOTS, int32)  # slot_rank
@@ -173,7 +176,12 @@ def _make_count_gather(key):
             ctot[e] = c
         cuda.syncthreads()
         # (no status words: the rows and the first mismatch are not needed)
-        _phase_b(ctot, capacity, offsets, lim, padbase, E, A, R, override, tmp, tid, bd)
+        # (every block finds the same offsets: the first one writes them out)
+        ends = has_offsets if cuda.blockIdx.x == 0 else 0
+        _phase_b(
+            ctot, capacity, offsets, lim, padbase, out_offsets, ends, E, A, R, override, tmp,
+            tid, bd
+        )
         _rank(bits, rank, T, K, W, tid, bd)
         cuda.syncthreads()
         items(

@@ -84,6 +84,7 @@ _SLOTS = (
     "rowmap",
     "out_probs",
     "out_indices",
+    "out_offsets",
     "status",
     *_SCRATCH,
 )
@@ -103,6 +104,7 @@ class PermuteBuffers(NamedTuple):
     out_rowmap: DeviceBuffer
     out_probs: DeviceBuffer
     out_indices: DeviceBuffer | None
+    out_offsets: DeviceBuffer | None  # [E] int32 (when asked for)
     routemap_itemsize: int  # 4 or 8 (the plan does not record the routing map's dtype)
 
 
@@ -161,7 +163,7 @@ def _batch_words(hw, hnw):
     return gather.BATCH_WORDS[-1]
 
 
-def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, indices):
+def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, indices, ends):
     """The call's geometry, scratch layout and kernels (see the module docstring)."""
     one_kernel = not validate and T * K <= ONE_KERNEL_SLOTS and count_gather.fits(T, K, E)
     # one block is one launch fewer, but its threads take 4 slots each at this bound, and
@@ -227,6 +229,7 @@ def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, in
         override=int(override),
         want_status=int(validate),
         has_indices=int(indices),
+        has_offsets=int(ends),
     )
     return _Launches(
         one_block=one_block,
@@ -281,7 +284,8 @@ def run(plan, buffers, validate, alloc, stream):
     bits = 8 * b.routemap_itemsize
     override = b.capacity is None and b.capacity_values is None
     indices = b.out_indices is not None
-    key = (T, K, E, R, hw, hnw, sw, snw, bits, validate, plan.alignment, override, indices)
+    ends = b.out_offsets is not None
+    key = (T, K, E, R, hw, hnw, sw, snw, bits, validate, plan.alignment, override, indices, ends)
     go = _LAUNCHES.get(key)
     if go is None:
         go = _LAUNCHES.put(key, _plan_launches(*key))
@@ -301,6 +305,7 @@ def run(plan, buffers, validate, alloc, stream):
         b.out_rowmap.kernel_arg(np.int32),
         optional_arg(b.out_probs if R else None, np.uint32),
         optional_arg(b.out_indices if R else None, np.int32),
+        optional_arg(b.out_offsets, np.int32),
         # (without validate the scan writes no status words)
         status_arg(status),
         *(carve(alloc, go.scratch) if go.scratch else _NO_SCRATCH),

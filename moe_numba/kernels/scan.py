@@ -9,7 +9,9 @@ One block per tile of ``ex_dim`` experts; the last block to finish phase A does 
     phase B  expert_offsets   n_e (capacity, or c_e under override), padded_e (n_e rounded
                               up to A), offsets[e] (block scan of padded_e), lim[e] (end of
                               the filled rows), padbase[e] (where expert e's padding rows
-                              start among all padding rows; the total at padbase[E])
+                              start among all padding rows; the total at padbase[E]); with
+                              has_offsets, the output out_offsets[e] (the block's end, cut
+                              at R)
     phase C  scan_status      (validate=True only) the status words: smallest bad and
                               repeated slot, first capacity mismatch, rows needed
 
@@ -100,6 +102,8 @@ def expert_offsets(
     offsets,
     lim,
     padbase,
+    out_offsets,
+    has_offsets,
     E,
     A,
     R,
@@ -136,8 +140,11 @@ def expert_offsets(
             filled = room
         offsets[e] = off
         lim[e] = off + filled
+        block_end = min(off + padded, R)
+        if has_offsets != 0:
+            out_offsets[e] = int32(block_end)
         # padding: lim_e .. the next expert's offset (.. R for the last expert)
-        end = R if e == E - 1 else min(off + padded, R)
+        end = R if e == E - 1 else block_end
         pad = max(end - (off + filled), int64(0))
     pad_before, pad_total = block_exclusive_scan_i64(pad, tmp)
     if e < E:
@@ -154,7 +161,10 @@ def make_phase_b(load):
     (with ``override`` 0)."""
 
     @device
-    def phase_b(ctot, capacity, offsets, lim, padbase, E, A, R, override, tmp, tid, bd):
+    def phase_b(
+        ctot, capacity, offsets, lim, padbase, out_offsets, has_offsets, E, A, R, override, tmp,
+        tid, bd
+    ):
         carry = int64(0)
         pad_carry = int64(0)
         mismatch = BIG
@@ -169,6 +179,8 @@ def make_phase_b(load):
                 offsets,
                 lim,
                 padbase,
+                out_offsets,
+                has_offsets,
                 E,
                 A,
                 R,
@@ -224,6 +236,7 @@ def _scan_params(key):
         ("offsets", ptr(int64)),  # out [E]: each expert's first row
         ("lim", ptr(int64)),  # out [E]: the end of each expert's filled rows
         ("padbase", ptr(int64)),  # out [E + 1]: each expert's first padding row, the total
+        ("out_offsets", ptr(int32)),  # out [E]: each expert's block end (with has_offsets)
         ("ctot", ptr(int64)),  # out [E]: tokens per expert
         ("part", ptr(int64)),  # [chunks, 2]: count's smallest bad, repeated slot
         ("routemap", ptr(INDEX_TYPES[key.index_bits])),  # (the status words' values)
@@ -238,6 +251,7 @@ def _scan_params(key):
         ("override", INT),  # 1: no capacities (override_buffer_size)
         ("ex_dim", INT),  # experts per block tile
         ("want_status", INT),
+        ("has_offsets", INT),
     ]
 
 
@@ -247,6 +261,7 @@ def scan(
     offsets,
     lim,
     padbase,
+    out_offsets,
     ctot,
     part,
     routemap,
@@ -261,6 +276,7 @@ def scan(
     override,
     ex_dim,
     want_status,
+    has_offsets,
 ):
     """The scan kernel (see the module docstring)."""
     tmp = cuda.shared.array(TMP_WORDS, int64)
@@ -284,7 +300,20 @@ def scan(
     cuda.syncthreads()
     # phase B, a tile of blockDim.x experts at a time
     carry, mismatch = _phase_b(
-        ctot, capacity, offsets, lim, padbase, E, A, R, override, tmp, tid, bd
+        ctot,
+        capacity,
+        offsets,
+        lim,
+        padbase,
+        out_offsets,
+        has_offsets,
+        E,
+        A,
+        R,
+        override,
+        tmp,
+        tid,
+        bd,
     )
     if want_status == 0:  # (validate=False: nobody reads the status words)
         return
@@ -306,6 +335,7 @@ def _count_scan_params(key):
         ("offsets", ptr(int64)),
         ("lim", ptr(int64)),
         ("padbase", ptr(int64)),
+        ("out_offsets", ptr(int32)),
         ("ctot", ptr(int64)),
         ("status", ptr(int64)),  # (unused: no status words without validate)
         ("T", INT),
@@ -316,6 +346,7 @@ def _count_scan_params(key):
         ("override", INT),
         ("ex_dim", INT),
         ("ct", INT),
+        ("has_offsets", INT),
     ]
 
 
@@ -329,6 +360,7 @@ def count_scan(
     offsets,
     lim,
     padbase,
+    out_offsets,
     ctot,
     status,
     T,
@@ -339,6 +371,7 @@ def count_scan(
     override,
     ex_dim,
     ct,
+    has_offsets,
 ):
     """Small calls (one chunk, one expert tile; ``validate=False``): one block counts, then
     scans (one launch fewer, no ticket, no status words)."""
@@ -350,6 +383,7 @@ def count_scan(
         offsets=offsets,
         lim=lim,
         padbase=padbase,
+        out_offsets=out_offsets,
         ctot=ctot,
         part=part,
         routemap=routemap,
@@ -364,6 +398,7 @@ def count_scan(
         override=override,
         ex_dim=ex_dim,
         want_status=0,
+        has_offsets=has_offsets,
     )
 
 

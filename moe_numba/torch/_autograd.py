@@ -30,7 +30,7 @@ from .. import _core
 from . import _direct, _ops, _replay
 from ._bridge import FLOAT8
 
-_PERMUTE_INPUTS = 12  # arguments of moe_numba::permute
+_PERMUTE_INPUTS = 13  # arguments of moe_numba::permute
 _UNPERMUTE_INPUTS = 9  # arguments of moe_numba::unpermute
 
 
@@ -42,11 +42,11 @@ def _contiguous(grad):
 def _permute_setup_context(ctx, inputs, output, needs_input_grad=None):
     # (needs_input_grad: the flags of ``inputs``, when ctx's cover more arguments)
     needs_input_grad = needs_input_grad or ctx.needs_input_grad
-    hidden_states, *_, do_gather, _, _, _, validate = inputs
-    hidden_unzipped, rowmap, _, scale_unzipped, expert_indices = output
+    hidden_states, *_, do_gather, _, _, _, validate, _ = inputs
+    hidden_unzipped, rowmap, _, scale_unzipped, expert_indices, expert_offsets = output
     rows_have_gradient = hidden_states.dtype not in FLOAT8  # float8 rows have none
     ctx.set_materialize_grads(False)
-    no_gradient = (rowmap, scale_unzipped, expert_indices)
+    no_gradient = (rowmap, scale_unzipped, expert_indices, expert_offsets)
     # (one call: each call replaces the set of the previous one)
     ctx.mark_non_differentiable(*no_gradient, *(() if rows_have_gradient else (hidden_unzipped,)))
     ctx.rows_grad = needs_input_grad[0] and do_gather and rows_have_gradient
@@ -56,7 +56,14 @@ def _permute_setup_context(ctx, inputs, output, needs_input_grad=None):
 
 
 def _permute_backward(
-    ctx, grad_rows, _rowmap, grad_probs, _scale, _indices, backward_op=_ops.permute_backward
+    ctx,
+    grad_rows,
+    _rowmap,
+    grad_probs,
+    _scale,
+    _indices,
+    _offsets,
+    backward_op=_ops.permute_backward,
 ):
     grad_rows = _contiguous(grad_rows) if ctx.rows_grad else None
     grad_probs = _contiguous(grad_probs) if ctx.probs_grad else None
@@ -288,8 +295,8 @@ def _permute_of_plan(backend, plan, *inputs):
     scalars = _core.permute_scalars(*values)
     outputs = _replay.PERMUTE(arrays, values, counts)
     if outputs is None:
-        return _direct.permute(backend, plan, arrays, scalars, counts)
-    return _ops.with_indices(outputs, scalars["return_expert_indices"], arrays.hidden_states)
+        outputs = _direct.permute(backend, plan, arrays, scalars, counts)
+    return _ops.op_outputs(outputs, plan, arrays.hidden_states)
 
 
 def _unpermute_of_plan(backend, plan, *inputs):

@@ -51,7 +51,6 @@ def _recorded(arrays, differentiable):
 def permute(arrays, values, tokens_per_expert):
     """:func:`moe_numba.moe_permute` on torch tensors (``arrays``: its PermuteArrays;
     ``values``: its scalar arguments, in the order of ``_core.PERMUTE_SCALARS``)."""
-    return_expert_indices = values[4]
     if direct(arrays):
         outputs = _replay.PERMUTE(arrays, values, tokens_per_expert)  # (None if recorded)
         if outputs is not None:
@@ -59,12 +58,11 @@ def permute(arrays, values, tokens_per_expert):
         recorded = _recorded(arrays, (0, 3))
         scalars = _core.permute_scalars(*values)
         backend, plan = _direct.planned_permute(arrays, scalars, tokens_per_expert)
-        if recorded:
-            outputs = DirectPermute.apply(
-                backend, plan, *arrays, *_op_scalars(values, plan.capacities)
-            )
-        else:
-            outputs = _direct.permute(backend, plan, arrays, scalars, tokens_per_expert)
+        if not recorded:
+            return _direct.permute(backend, plan, arrays, scalars, tokens_per_expert)
+        outputs = DirectPermute.apply(
+            backend, plan, *arrays, *_op_scalars(values, plan.capacities)
+        )
     else:
         refuse_unsupported("moe_permute", arrays)
         check_all_tensors(arrays)
@@ -74,20 +72,31 @@ def permute(arrays, values, tokens_per_expert):
                 tokens_per_expert if _compiling() else capacities_from(tokens_per_expert, values[0])
             )
         outputs = _ops.permute(*arrays, *_op_scalars(values, capacities))
-    return outputs if return_expert_indices else outputs[:4]
+    return _asked(outputs, values)
+
+
+def _asked(outputs, values):
+    """``moe_permute``'s tuple from the op's six outputs: ``expert_indices`` and
+    ``expert_offsets`` only where asked for (``values``: the call's scalars)."""
+    indices, offsets = values[4], values[7]
+    if indices and offsets:
+        return outputs
+    if not (indices or offsets):
+        return outputs[:4]
+    return (*outputs[:4], outputs[4] if indices else outputs[5])
 
 
 def _op_scalars(values, capacities):
     """The custom op's scalar arguments: ``tokens_per_expert`` as the checked ints (None
     under ``override_buffer_size``, which the contract ignores them for)."""
-    (num_experts, alignment, do_gather, ue8m0, indices, override, validate) = values
+    (num_experts, alignment, do_gather, ue8m0, indices, override, validate, offsets) = values
     if override >= 0 or capacities is None:
         counts = None
     elif isinstance(capacities, (list, tuple)):
         counts = list(capacities)
     else:
         counts = capacities.tolist()
-    return (num_experts, counts, alignment, do_gather, ue8m0, indices, override, validate)
+    return (num_experts, counts, alignment, do_gather, ue8m0, indices, override, validate, offsets)
 
 
 def unpermute(arrays, values):

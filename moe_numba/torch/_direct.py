@@ -12,7 +12,7 @@ from .. import _core
 from .._contract_backward import PermuteBackwardArrays, UnpermuteBackwardArrays
 from . import _replay
 from ._bridge import check_dtypes
-from ._ops import run_on_tensors, with_indices
+from ._ops import run_on_tensors
 
 
 def check_all_tensors(arrays):
@@ -60,14 +60,12 @@ def planned_unpermute(arrays, scalars):
 
 
 def permute(backend, plan, arrays, scalars, tokens_per_expert):
-    """The op's outputs (``expert_indices`` last, empty unless asked for) of a checked
-    permute."""
+    """``moe_permute``'s outputs (its tuple: the optional ones only where asked for) of a
+    checked permute."""
     validate = scalars["validate"]
     if _replayable(arrays, validate):
-        outputs = _replay.PERMUTE.run(backend, plan, arrays, scalars, tokens_per_expert)
-    else:
-        outputs = run_on_tensors(_core.run_permute, backend, plan, arrays, validate)
-    return with_indices(outputs, scalars["return_expert_indices"], arrays.hidden_states)
+        return _replay.PERMUTE.run(backend, plan, arrays, scalars, tokens_per_expert)
+    return run_on_tensors(_core.run_permute, backend, plan, arrays, validate)
 
 
 def unpermute(backend, plan, arrays, scalars):

@@ -9,9 +9,9 @@ kernels) give the shapes of docs/training.rst (the row count is ``override_buffe
 ``sum_e ceil(n_e / A) * A``) and, when the call's ints are not traced, run the contract's
 metadata checks, so that ``torch.compile`` reports a bad call while it traces.
 
-A schema has a fixed number of outputs: the optional ones (``expert_indices``, absent
-gradients) are always returned, empty when not asked for; :mod:`._calls` and :mod:`._autograd`
-drop them.
+A schema has a fixed number of outputs: the optional ones (``expert_indices``,
+``expert_offsets``, absent gradients) are always returned, empty when not asked for;
+:mod:`._calls` and :mod:`._autograd` drop them.
 """
 
 # no ``from __future__ import annotations``: torch reads the schemas from the annotations
@@ -58,9 +58,10 @@ def permute_eager(
     return_expert_indices: bool,
     override_buffer_size: int,
     validate: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``moe_permute`` (see :func:`moe_numba.moe_permute`); ``expert_indices`` always last,
-    empty unless ``return_expert_indices``."""
+    return_expert_offsets: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``moe_permute`` (see :func:`moe_numba.moe_permute`); ``expert_indices`` and
+    ``expert_offsets`` always last, each empty unless asked for."""
     arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
     check_dtypes(arrays)
     scalars = _core.permute_scalars(
@@ -71,18 +72,26 @@ def permute_eager(
         return_expert_indices,
         override_buffer_size,
         validate,
+        return_expert_offsets,
     )
     backend, plan = _core.planned_permute(arrays, scalars, tokens_per_expert)
     outputs = run_on_tensors(_core.run_permute, backend, plan, arrays, validate)
-    return with_indices(outputs, return_expert_indices, hidden_states)
+    return op_outputs(outputs, plan, hidden_states)
 
 
-def with_indices(outputs, return_expert_indices, like):
-    """The op's outputs from ``moe_permute``'s: ``expert_indices`` always last (an empty
-    int32 stand-in on ``like``'s device when not asked for)."""
-    if return_expert_indices:
+def op_outputs(outputs, plan, like):
+    """The op's six outputs from ``moe_permute``'s (``plan``: the call's): ``expert_indices``
+    and ``expert_offsets`` always last, an empty int32 stand-in on ``like``'s device for each
+    one not asked for (two tensors: an op's outputs may not alias each other)."""
+    indices, offsets = plan.return_expert_indices, plan.return_expert_offsets
+    if indices and offsets:
         return outputs
-    return (*outputs, like.new_empty((0,), dtype=torch.int32))
+    head, asked = outputs[:4], iter(outputs[4:])
+    return (
+        *head,
+        next(asked) if indices else like.new_empty((0,), dtype=torch.int32),
+        next(asked) if offsets else like.new_empty((0,), dtype=torch.int32),
+    )
 
 
 def run_on_tensors(run, backend, plan, arrays, validate):
@@ -123,6 +132,7 @@ def _(
     return_expert_indices,
     override_buffer_size,
     validate,
+    return_expert_offsets,
 ):
     counts = () if tokens_per_expert is None else tuple(tokens_per_expert)
     if _concrete(num_experts, padding_alignment, override_buffer_size, *counts):
@@ -137,6 +147,7 @@ def _(
             return_expert_indices=return_expert_indices,
             override_buffer_size=override_buffer_size,
             validate=validate,
+            return_expert_offsets=return_expert_offsets,
         )
         if override_buffer_size < 0:
             capacities_from(tokens_per_expert, num_experts)
@@ -153,6 +164,7 @@ def _(
         new((num_rows,), dtype=torch.float32),
         scale.new_empty((num_rows, scale.shape[1])) if gather_scale else _absent(hidden_states),
         new((num_rows if return_expert_indices else 0,), dtype=torch.int32),
+        new((num_experts if return_expert_offsets else 0,), dtype=torch.int32),
     )
 
 
