@@ -4,11 +4,12 @@ transformers 5 lets a model pick the implementation of its MoE experts layer by 
 (``experts_implementation=...`` at load time, or ``model.set_experts_implementation``);
 :func:`register` adds ``"moe_numba"`` to that registry. The experts layer then runs as:
 
-1. routing clean-up on the device: ids outside ``[0, E)`` (expert-parallel sentinels) become
-   -1; an expert named twice by one token keeps its first slot, with the weights of every slot
-   naming it summed there (``moe_permute`` counts only the first slot of a duplicate; the
-   experts layer of transformers applies the expert once per slot, which is the same sum);
-   the weights are cast to float32 (the contract's probability dtype);
+1. routing clean-up on the device: an expert named twice by one token keeps its first slot,
+   with the weights of every slot naming it summed there (``moe_permute`` counts only the
+   first slot of a duplicate; the experts layer of transformers applies the expert once per
+   slot, which is the same sum); the weights are cast to float32 (the contract's
+   probability dtype); ids outside ``[0, E)`` (expert-parallel sentinels) are left to the
+   permute and the unpermute, which treat them as -1 (``validate=False``);
 2. :func:`moe_numba.moe_permute` into an expert-major buffer of ``round_up(T * K, 8)`` rows
    (``override_buffer_size``: counts taken on the device, no host round trip), each expert's
    rows unpadded (``padding_alignment=1``: the grouped GEMM takes any group size, and padding
@@ -154,7 +155,8 @@ def experts_forward(
     if num_tokens * top_k == 0:  # no rows: torch._grouped_mm refuses an empty operand
         return torch.zeros_like(hidden_states)
     routes, probs = merged_routing(top_k_index, top_k_weights, num_experts)
-    rows_x = hidden_states.to(up_weight.dtype).contiguous()
+    rows_x = _as(hidden_states, up_weight.dtype)
+    rows_x = rows_x if rows_x.is_contiguous() else rows_x.contiguous()
     num_rows = -(-num_tokens * top_k // _ROW_MULTIPLE) * _ROW_MULTIPLE
     permuted = moe_permute(
         rows_x,
@@ -194,7 +196,7 @@ def experts_forward(
         using_weighted_combine=True,
         validate=False,
     )
-    return combined.to(hidden_states.dtype)
+    return _as(combined, hidden_states.dtype)
 
 
 def merged_routing(
@@ -202,13 +204,14 @@ def merged_routing(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The routing map and float32 weights for ``moe_permute``, on the device, sync-free.
 
-    Ids outside ``[0, num_experts)`` become -1. Where one token names an expert in several
-    slots, the first of them carries the sum of their weights and the later ones become -1;
-    every other slot keeps its weight bit for bit.
+    Where one token names an expert in several slots, the first of them carries the sum of
+    their weights and the later ones become -1; every other slot keeps its id and its weight
+    bit for bit. Ids outside ``[0, num_experts)`` (expert-parallel sentinels) stay as they
+    are: ``moe_permute`` and ``moe_unpermute`` with ``validate=False`` treat them as -1.
 
     Parameters
     ----------
-    top_k_index : torch.Tensor of shape (T, K), integer
+    top_k_index : torch.Tensor of shape (T, K), int32 or int64
         Expert id of each slot.
     top_k_weights : torch.Tensor of shape (T, K), floating point
         Routing weight of each slot.
@@ -217,25 +220,28 @@ def merged_routing(
 
     Returns
     -------
-    routes : torch.Tensor of shape (T, K), int32, contiguous
+    routes : torch.Tensor of shape (T, K), the dtype of ``top_k_index``, contiguous
     probs : torch.Tensor of shape (T, K), float32, contiguous
         Differentiable in ``top_k_weights``: a merged slot passes its gradient to every slot
         it summed.
     """
-    ids = top_k_index.to(torch.int32)
-    ids = torch.where((ids >= 0) & (ids < num_experts), ids, -1)
+    ids = top_k_index if top_k_index.is_contiguous() else top_k_index.contiguous()
     probs = top_k_weights.to(torch.float32)
-    top_k = ids.shape[1]
-    if top_k > 1:
-        # same[t, k, j]: slots k and j name one expert; owner[t, k] = its lowest slot
-        same = ids.unsqueeze(2) == ids.unsqueeze(1)
-        owner = same.to(torch.uint8).argmax(2)
-        slots = torch.arange(top_k, device=ids.device)
-        owned = owner.unsqueeze(2) == slots  # owned[t, k, j]: slot k's weight goes to slot j
-        # a sum of one weight and zeros: exact for the slots that merge nothing
-        probs = torch.where(owned, probs.unsqueeze(2), 0.0).sum(1)
-        ids = torch.where(owner == slots, ids, -1)
-    return ids.contiguous(), probs.contiguous()
+    if ids.shape[1] > 1:
+        # same[t, k, j]: slots k and j name one expert; each slot takes the sum of the
+        # weights of its expert's slots (in slot order, zeros in between: exact for a slot
+        # that shares its expert with none), and a slot whose expert an earlier slot named
+        # becomes -1 (its sum then reaches nothing)
+        same = ids[:, :, None] == ids[:, None, :]
+        probs = torch.where(same, probs[:, None, :], 0.0).sum(2)
+        ids = torch.where(same.tril(-1).any(2), -1, ids)
+    return ids, probs if probs.is_contiguous() else probs.contiguous()
+
+
+def _as(tensor, dtype):
+    """``tensor.to(dtype)``, without a call into torch where it has that dtype already (a
+    layer's host time is mostly such calls at decode sizes)."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 def _grouped_linear(rows, weight, bias, offsets, row_experts, transposed):
@@ -243,7 +249,7 @@ def _grouped_linear(rows, weight, bias, offsets, row_experts, transposed):
     stored when ``transposed``)."""
     if not transposed:
         weight = weight.transpose(-2, -1)
-    out = grouped_mm(rows.to(weight.dtype), weight, offsets)
+    out = grouped_mm(_as(rows, weight.dtype), weight, offsets)
     if bias is not None:
         padded = torch.cat([bias, bias.new_zeros(1, bias.shape[-1])])
         out = out + padded[row_experts]

@@ -57,7 +57,7 @@ OVERRIDES: dict[str, dict] = {
     "kolibri1_1": {"head_dim": 16, "index_num_heads": 2},
     "lfm2_moe": {"num_dense_layers": 0, "layer_types": ["conv", "full_attention"]},
     "nemotron_h": {
-        "layer_types": ["mamba", "moe", "attention", "moe"],
+        "layer_types": ["linear_attention", "moe", "full_attention", "moe"],  # (mamba, attention)
         "num_hidden_layers": 4,
         "mamba_num_heads": 8,
         "mamba_head_dim": 8,

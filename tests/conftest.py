@@ -41,6 +41,12 @@ PTX_MODULE = "test_ptx.py"
 # simulator's process leaves the PTX module out instead, and the header says so.
 collect_ignore = [PTX_MODULE] if simulator_on() else []
 
+if simulator_on():  # (every process of the run: xdist's workers load this file too)
+    import _simulator
+
+    _simulator.share_arrays_safely()
+    _simulator.switch_threads_often()
+
 
 def pytest_addoption(parser):
     parser.addoption(

@@ -238,17 +238,25 @@ def _inputs(x, index, weights, backward):
 
 
 def _glue(torch, backend, x, index, weights, num_experts):
-    """The moe-numba layer without its GEMMs: routing clean-up, permute, offsets, unpermute
-    (the permuted rows combined as they are)."""
+    """The moe-numba layer without its GEMMs: routing clean-up, permute (with the offsets),
+    unpermute (the permuted rows combined as they are)."""
     from .. import moe_permute, moe_unpermute
 
     tokens, top_k = index.shape
     routes, probs = backend.merged_routing(index, weights, num_experts)
     rows = -(-tokens * top_k // 8) * 8
-    rows_x, rowmap, row_probs, _ = moe_permute(
-        x, None, routes, probs, num_experts, None, 1, override_buffer_size=rows, validate=False
+    rows_x, rowmap, row_probs, _, _ = moe_permute(
+        x,
+        None,
+        routes,
+        probs,
+        num_experts,
+        None,
+        1,
+        override_buffer_size=rows,
+        validate=False,
+        return_expert_offsets=True,
     )
-    torch.cumsum((rowmap >= 0).sum(0), 0, dtype=torch.int32)
     combined, _ = moe_unpermute(
         rows_x,
         rowmap,
