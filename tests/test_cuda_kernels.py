@@ -8,8 +8,6 @@ write shows up as a mismatch. The simulator's ``cuda.fma`` rounds twice; it is r
 by a correctly rounded fma so the weighted combine is compared exactly too.
 """
 
-import contextlib
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -110,24 +108,6 @@ def counts_of(rm, E):
     return c
 
 
-ONE_KERNEL_ON = 2048  # count_gather up to T = 256, K = 8 (the library leaves it off for now)
-
-
-@contextlib.contextmanager
-def _one_kernel_slots(slots):
-    """PM.ONE_KERNEL_SLOTS set to ``slots`` (None: left as it is), with a cache of launch
-    plans of its own (the plans' key does not hold the bound)."""
-    if slots is None:
-        yield
-        return
-    saved = PM.ONE_KERNEL_SLOTS, PM._LAUNCHES
-    PM.ONE_KERNEL_SLOTS, PM._LAUNCHES = slots, BoundedCache(64)
-    try:
-        yield
-    finally:
-        PM.ONE_KERNEL_SLOTS, PM._LAUNCHES = saved
-
-
 def run_permute(hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=True, override=-1):
     """Run the GPU backend (validate on and off) and the oracle; assert every output and
     status word is identical (``indices``: the expert indices and the expert offsets asked
@@ -155,14 +135,10 @@ def run_permute(hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=Tru
         plan = with_capacities(plan, tpe)
     assert plan.num_rows == expected[2].shape[0]
     arrays = PermuteArrays(device(hidden), device(scale), device(rm), device(probs))
-    # validate=False twice: count_gather where the call fits it, then the kernels it replaces
-    for validate, one_kernel_slots in ((True, None), (False, ONE_KERNEL_ON), (False, 0)):
+    for validate in (True, False):
         empty = Poisoned()
-        with _one_kernel_slots(one_kernel_slots):
-            one_kernel = not validate and T * K <= PM.ONE_KERNEL_SLOTS
-            one_kernel = one_kernel and PM.count_gather.fits(T, K, E)
-            out, status = BACKEND.permute(plan, arrays, validate, empty=empty)
-        assert empty.scratch == (0 if one_kernel else 1)
+        out, status = BACKEND.permute(plan, arrays, validate, empty=empty)
+        assert empty.scratch == 1
         if validate:
             np.testing.assert_array_equal(status, status_expected)
         else:
@@ -260,8 +236,8 @@ def test_permute_malformed_routing_and_capacities(monkeypatch):
 def test_permute_capacities_met_first_are_staged_then_copied(monkeypatch):
     """Capacities met for the first time are read from host words (runtime._staged); from
     their second call on from a device copy, and on a stream being captured from host words
-    kept for good. Every call matches the oracle (run_permute calls the backend three
-    times: validate on, then off with and without count_gather)."""
+    kept for good. Every call matches the oracle (run_permute calls the backend twice:
+    validate on, then off)."""
     monkeypatch.setattr(BACKEND, "_capacities", BoundedCache(64))
     monkeypatch.setattr(BACKEND, "_seen", BoundedCache(256))
     staged = []
@@ -294,7 +270,7 @@ def test_permute_capacities_met_first_are_staged_then_copied(monkeypatch):
     monkeypatch.setattr(BACKEND, "_kept_words", keeping)
     run_permute(hidden, None, rm, probs, E, more, A)
     assert len(staged) == 1 and len(BACKEND._capacities) == 1  # captured: kept for good
-    assert [list(k.sim_array) for k in kept] == [more, more, more]
+    assert [list(k.sim_array) for k in kept] == [more, more]
 
 
 @pytest.mark.parametrize("rows", [0, 23, 200])
@@ -357,9 +333,8 @@ def test_permute_one_block_and_chunked(T):
 
 def test_permute_one_block_only_for_few_slots(monkeypatch):
     """count_scan takes validate=False calls of one chunk up to ONE_BLOCK_SLOTS slots; more
-    slots (or validate) count in chunks (count_gather off)."""
+    slots (or validate) count in chunks."""
     monkeypatch.setattr(PM, "ONE_BLOCK_SLOTS", 64)
-    monkeypatch.setattr(PM, "ONE_KERNEL_SLOTS", 0)
 
     def one_block(T, K, validate=False):
         return PM._plan_launches(
@@ -372,29 +347,6 @@ def test_permute_one_block_only_for_few_slots(monkeypatch):
     hidden = rng.standard_normal((32, 3)).astype(np.float32)
     probs = rng.random((32, 3), dtype=np.float32)
     run_permute(hidden, None, rm, probs, 4, counts_of(rm, 4), 2)
-
-
-def test_permute_one_kernel_for_calls_that_fit(monkeypatch):
-    """count_gather takes validate=False calls of at most ONE_KERNEL_SLOTS slots whose
-    bitmap, slots and experts fit its shared memory; the others take count (+ scan)."""
-    CG = PM.count_gather
-    monkeypatch.setattr(PM, "ONE_KERNEL_SLOTS", ONE_KERNEL_ON)
-
-    def plan(T, K, E, validate=False):
-        return PM._plan_launches(T, K, E, T * K, 4, 2, 4, 0, 32, validate, 1, False, False, False)
-
-    def kernels(T, K, E, validate=False):
-        return [step.family.name for step in plan(T, K, E, validate).launches.steps]
-
-    assert plan(256, 8, 64).one_kernel and not plan(256, 8, 64).one_block
-    assert kernels(256, 8, 64) == ["count_gather"] and plan(256, 8, 64).scratch == ()
-    assert kernels(256, 8, 64, validate=True) == ["count", "scan", "gather"]
-    assert kernels(CG.SLOTS + 1, 1, 1) == ["count", "scan", "gather"]
-    assert kernels(4, 2, CG.EXPERTS) == ["count_gather"]
-    assert kernels(4, 2, CG.EXPERTS + 1)[-1] == "gather"
-    T = 32 * CG.BITS // CG.EXPERTS  # the bitmap full
-    assert CG.fits(T, 1, CG.EXPERTS) and not CG.fits(T + 1, 1, CG.EXPERTS)
-    assert not CG.fits(0, 8, 8)
 
 
 @pytest.mark.parametrize("extra", [0, 1, 2])

@@ -51,7 +51,8 @@ def test_permute_float8_with_scale(device):
     scale = torch.rand(6, 2, device=device, requires_grad=True)
     p = to_torch(case["expert_prob_topk"], device).requires_grad_()
     routemap = to_torch(case["expert_routemap_topk"], device)
-    args = (x, scale, routemap, p, 4, case["tokens_per_expert"], 2, True, False, False, -1, True, True)
+    counts = case["tokens_per_expert"]
+    args = (x, scale, routemap, p, 4, counts, 2, True, False, False, -1, True, True)
     # test_schema compares inputs with torch.allclose and test_aot_dispatch_dynamic sums the
     # outputs, neither of which has a float8 kernel on the CPU: the schema check (inputs
     # unchanged, outputs alias no input) is made here bit for bit, and test_torch_compile

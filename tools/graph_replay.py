@@ -3,7 +3,7 @@ CUDA graph (docs/lab-notes.rst, "Launches from C, staged capacities").
 
 Run on a machine with a GPU and torch::
 
-    python tools/graph_replay.py [--one-kernel SLOTS] [--tokens 256]
+    python tools/graph_replay.py [--tokens 256]
 
 bf16, H = 7168, K = 8, E = 64, ``validate=False``, padding alignments 16 and 1. For each:
 the GPU time per step of the two calls launched eagerly (``tokens_per_expert`` given, the
@@ -11,8 +11,7 @@ calls replaying their recording as a user's do) and of one graph that captured t
 permute with ``override_buffer_size`` at the padded row count of the same counts: a graph
 cannot take new counts from the host), each the median of 7 batches of 50 enqueued behind a
 held stream (``python -m moe_numba bench``'s timer), and whether the graph's outputs equal
-the eager calls' bit for bit. ``--one-kernel`` sets the permute's ``ONE_KERNEL_SLOTS`` first
-(:mod:`moe_numba.kernels.count_gather` for the calls that fit, when non-zero).
+the eager calls' bit for bit.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ import torch
 
 import moe_numba
 from moe_numba.bench._timers import CudaTimer
-from moe_numba.kernels import permute as PM
 
 DEVICE = torch.device("cuda", 0)
 H, K, E = 7168, 8, 64
@@ -99,12 +97,9 @@ def measure(T, A):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--one-kernel", type=int, default=None, metavar="SLOTS")
     parser.add_argument("--tokens", type=int, default=256)
     args = parser.parse_args(argv)
-    if args.one_kernel is not None:
-        PM.ONE_KERNEL_SLOTS = args.one_kernel
-    print(f"T={args.tokens} H={H} K={K} E={E} bf16, ONE_KERNEL_SLOTS={PM.ONE_KERNEL_SLOTS}")
+    print(f"T={args.tokens} H={H} K={K} E={E} bf16")
     print("   A   eager us   graph us   graph outputs")
     ok = True
     for A in (16, 1):

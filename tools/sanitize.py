@@ -8,8 +8,7 @@ Each case calls the public API with torch CUDA tensors and compares the result w
 NumPy oracle; the sanitizer watches every kernel for out-of-bounds or uninitialised accesses.
 The inputs are small (the sanitizer slows kernels down a hundredfold) but cover odd widths,
 float8 with scales, many experts and slots, empty calls, too small and too large buffers and
-malformed routing. The permutes run twice: with the default setting of the one-kernel
-permute (:mod:`moe_numba.kernels.count_gather`) and with it switched the other way.
+malformed routing.
 """
 
 from __future__ import annotations
@@ -23,9 +22,6 @@ import torch
 import moe_numba
 from moe_numba import _oracle
 from moe_numba._transfer import to_device, to_host
-from moe_numba.kernels import count_gather
-from moe_numba.kernels import permute as PM
-from moe_numba.torch import _replay
 
 
 def _routes(rng, T, K, E, bad=False):
@@ -140,22 +136,8 @@ def permute_cases(rng):
     permute_case(rng, 70, 40, 6, 9, 3, bf16, bad=True)  # malformed routing
 
 
-def one_kernel(slots):
-    """Set the permute's ``ONE_KERNEL_SLOTS`` (count_gather for the calls that fit it, when
-    non-zero) with no launch plans or replays of another setting left."""
-    PM.ONE_KERNEL_SLOTS = slots
-    PM._LAUNCHES.clear()
-    _replay.forget()
-
-
 def main():
-    saved = PM.ONE_KERNEL_SLOTS
-    try:  # the permutes with the default setting, then with count_gather on (or off)
-        for slots in (saved, count_gather.SLOTS if saved == 0 else 0):
-            one_kernel(slots)
-            permute_cases(np.random.default_rng(7))
-    finally:
-        one_kernel(saved)
+    permute_cases(np.random.default_rng(7))
     rng = np.random.default_rng(8)
     bf16 = ml_dtypes.bfloat16
     for dtype in (bf16, np.float16, np.float32):

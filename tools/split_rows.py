@@ -3,7 +3,7 @@ lab-notes.rst, "Small calls on the GPU: rows split among warps and blocks").
 
 Run on a machine with a GPU and torch::
 
-    python tools/split_rows.py [SWEEP ...]   # SWEEP: parts, combine, one-block, one-kernel
+    python tools/split_rows.py [SWEEP ...]   # SWEEP: parts, combine, one-block
 
 bf16, H = 7168, K = 8, E = 64, ``validate=False``; µs per call of 50 back-to-back calls behind
 a held stream (CUDA events, the median of 5 batches: ``python -m moe_numba bench``'s timer).
@@ -135,32 +135,21 @@ def main(names):
             ((64, 16), (256, 16), (1024, 16), *large),
             ("unpermute", "permute_bwd"),
         ),
-        # 2048: one block up to T = 256 (K = 8); 0: every call counts in chunks (count_gather
-        # off, which takes these calls otherwise)
+        # 2048: one block up to T = 256 (K = 8); 0: every call counts in chunks
         "one-block": lambda: sweep(
-            "one-block count (count_gather off)",
+            "one-block count",
             PM,
             "ONE_BLOCK_SLOTS",
             (2048, 1024, 0),
             small,
             ("permute",),
         ),
-        # 2048: count_gather up to T = 256 (K = 8); 0: count (+ scan) and gather
-        "one-kernel": lambda: sweep(
-            "one-kernel permute", PM, "ONE_KERNEL_SLOTS", (2048, 0), small, ("permute",)
-        ),
     }
     unknown = [name for name in names if name not in sweeps]
     if unknown:
         raise SystemExit(f"split_rows.py: unknown sweep {unknown}; choose from {list(sweeps)}")
     for name in names or sweeps:
-        saved = PM.ONE_KERNEL_SLOTS
-        if name == "one-block":
-            PM.ONE_KERNEL_SLOTS = 0
-        try:
-            sweeps[name]()
-        finally:
-            PM.ONE_KERNEL_SLOTS = saved
+        sweeps[name]()
 
 
 if __name__ == "__main__":

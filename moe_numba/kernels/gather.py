@@ -143,8 +143,7 @@ def make_items(key, warps):
     """The gather's work as a device function, for blocks of ``warps`` warps: hidden words
     of ``key.hidden_word`` bytes, scale words of ``key.scale_word`` and ``key.batch`` hidden
     words per thread at a time. Its parameters are the gather kernel's, then the block's
-    shared ``dest`` (``warps`` x LANES int64) and ``box`` (``warps`` int64); the scan's
-    arrays may be global or shared (:mod:`.count_gather` passes its own).
+    shared ``dest`` (``warps`` x LANES int64) and ``box`` (``warps`` int64).
 
     Every warp is a worker that takes items (padding workers first, then tokens) in grid
     stride. A token's warp loads the first ``nb * LANES`` words of its hidden row (the whole

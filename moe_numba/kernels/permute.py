@@ -8,12 +8,7 @@
     count_scan   .scan         1                             COUNT_BD         instead of both
                                                                               for small calls
     gather       .gather       (npw + T * parts) / WARPS     WARPS * LANES    there are items
-    count_gather .count_gather (npw + T * parts) / WARPS     WARPS * LANES    instead of all
-                                                                              for small calls
 
-``count_gather`` (every block counts and scans the whole call, then gathers: one launch, no
-scratch) runs for ``validate=False`` calls of at most ONE_KERNEL_SLOTS routing slots (0 for
-now: off) that fit its shared memory (:func:`.count_gather.fits`). Otherwise
 ``count_scan`` runs for ``validate=False`` calls of one chunk and one expert tile and at most
 ONE_BLOCK_SLOTS routing slots (one launch fewer); with ``validate=True`` the host waits for
 the scan, which chunked counting finishes sooner, and so it does for more slots.
@@ -45,14 +40,13 @@ from ..runtime._launch import launcher_for, optional_arg
 from ..runtime._sequence import LaunchSequence, Step
 from ..runtime._staged import StagedWords
 from ..runtime._status import StatusWords, status_arg
-from . import _copy, count, count_gather, gather
+from . import _copy, count, gather
 from ._family import RoutingKey
 from .count import COUNT
-from .count_gather import COUNT_GATHER
 from .gather import GATHER, GatherKey
 from .scan import COUNT_SCAN, SCAN
 
-FAMILIES = (COUNT, SCAN, COUNT_SCAN, GATHER, COUNT_GATHER)
+FAMILIES = (COUNT, SCAN, COUNT_SCAN, GATHER)
 
 COUNT_BD = 256  # threads of a count (and count_scan) block
 SCAN_BD = 256  # threads of a scan block
@@ -60,17 +54,12 @@ GATHER_BLOCKS = 1 << 30  # most gather blocks (workers then take several items)
 PAD_WORKERS = 256  # fewest padding chunks in flight (when there are as many chunks of rows)
 NC_TARGET = 128  # count chunks to aim for
 ONE_BLOCK_SLOTS = 1024  # most routing slots of a count_scan call
-# most routing slots of a count_gather call; 0 (off) until the kernel beats the chain on a GPU
-# (docs/lab-notes.rst, "One kernel for small permutes"); 2048 takes it up to T = 256, K = 8
-ONE_KERNEL_SLOTS = 0
-ONE_KERNEL_PAD_WORKERS = 1  # fewest padding chunks in flight in count_gather
 TOKEN_WARPS = 4096  # token warps that keep the GPU's stores busy: fewer tokens split rows
 PART_BATCH = 4  # fewest hidden words per lane in a part of a split row
 
 _I64, _I32 = np.dtype(np.int64), np.dtype(np.int32)
 # the scratch arrays, in the order of one allocation (see the module docstring)
 _SCRATCH = ("done", "offsets", "lim", "padbase", "ctot", "part", "counts", "slot_rank")
-_NO_SCRATCH = (0,) * len(_SCRATCH)  # (count_gather reads none of them)
 _INDEX_DTYPES = {4: np.int32, 8: np.int64}
 # the parameters of the call's kernels that each call passes, in the order of its values
 _SLOTS = (
@@ -112,10 +101,8 @@ class _Launches(NamedTuple):
     """What a call's launches need beyond its addresses: built once per call key."""
 
     one_block: bool  # count_scan instead of count + scan
-    one_kernel: bool  # count_gather instead of all
-    scratch: tuple  # (count, dtype) of each part of _SCRATCH (none for count_gather)
-    launches: LaunchSequence  # count and scan (or count_scan), then the gather if any; or
-    # count_gather alone
+    scratch: tuple  # (count, dtype) of each part of _SCRATCH
+    launches: LaunchSequence  # count and scan (or count_scan), then the gather if any
     counted: int  # the launches up to the scan (the status words are final after them)
 
 
@@ -165,21 +152,16 @@ def _batch_words(hw, hnw):
 
 def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, indices, ends):
     """The call's geometry, scratch layout and kernels (see the module docstring)."""
-    one_kernel = not validate and T * K <= ONE_KERNEL_SLOTS and count_gather.fits(T, K, E)
     # one block is one launch fewer, but its threads take 4 slots each at this bound, and
     # past it the chunks' parallel count finishes sooner than the saved launch
     one_block = not validate and 0 < T <= count.CT and T * K <= ONE_BLOCK_SLOTS
-    one_block = one_block and E <= count.ETILE and not one_kernel
+    one_block = one_block and E <= count.ETILE
     ct = T if one_block else _chunk_tokens(T, K)
     nc = -(-T // ct)
     scratch = ((1, _I64), (E, _I64), (E, _I64), (E + 1, _I64), (E, _I64), (2 * max(nc, 1), _I64))
     scratch += ((max(nc * E, 1), _I32), (max(T * K, 1), _I32))
     key = RoutingKey(bits)
-    if one_kernel:  # (the count and the scan in count_gather's blocks, in shared memory)
-        steps = []
-        ex_dim = 0
-        scratch = ()
-    elif one_block:
+    if one_block:
         ex_dim = COUNT_BD  # a thread per expert
         steps = [Step(COUNT_SCAN.get(key), COUNT_SCAN, 1, COUNT_BD)]
     else:
@@ -193,24 +175,17 @@ def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, in
     counted = len(steps)
     parts, pw = _row_parts(T, hnw)
     pad_rows = max(1, gather.PAD_ROWS // parts)
-    # (count_gather's blocks each count the call first: no more of them than the padding
-    # needs)
-    least = ONE_KERNEL_PAD_WORKERS if one_kernel else PAD_WORKERS
-    npw = _padding_workers(R, T * K, pad_rows, parts, least)
+    npw = _padding_workers(R, T * K, pad_rows, parts, PAD_WORKERS)
     items = npw + T * parts
     gather_key = GatherKey(hw, sw, _batch_words(hw, pw), bits)
-    if one_kernel:  # (T > 0: there are items)
-        grid = -(-items // count_gather.WARPS)
-        block = count_gather.WARPS * gather.LANES
-        steps.append(Step(COUNT_GATHER.get(gather_key), COUNT_GATHER, grid, block))
-    elif items > 0:
+    if items > 0:
         grid = min(-(-items // gather.WARPS), GATHER_BLOCKS)
         steps.append(Step(GATHER.get(gather_key), GATHER, grid, gather.WARPS * gather.LANES))
     # the kernels' scalar arguments (all that the key decides): T, K, E, R, NC (count
     # chunks), ct (tokens per chunk), ex_dim (experts per scan block tile), npw (padding
     # workers), nparts, pw (parts of a row, hidden words of a part), pad_rows (rows of a
     # padding chunk), hnw, snw (hidden and scale words per row), A, override, want_status,
-    # has_indices (0 or 1)
+    # has_indices, has_offsets (0 or 1)
     constants = dict(
         T=T,
         K=K,
@@ -233,7 +208,6 @@ def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, in
     )
     return _Launches(
         one_block=one_block,
-        one_kernel=one_kernel,
         scratch=scratch,
         launches=LaunchSequence(steps, constants, _SLOTS),
         counted=counted,
@@ -308,7 +282,7 @@ def run(plan, buffers, validate, alloc, stream):
         optional_arg(b.out_offsets, np.int32),
         # (without validate the scan writes no status words)
         status_arg(status),
-        *(carve(alloc, go.scratch) if go.scratch else _NO_SCRATCH),
+        *carve(alloc, go.scratch),
     )
     go.launches.run_checked(launch, values, status, go.counted)
     if staged is not None:

@@ -152,50 +152,41 @@ def expert_offsets(
     return carry + total, pad_carry + pad_total, mismatch
 
 
-def make_phase_b(load):
+@device
+def _phase_b(
+    ctot, capacity, offsets, lim, padbase, out_offsets, has_offsets, E, A, R, override, tmp, tid, bd
+):
     """Phase B over all E experts (one block): :func:`expert_offsets` a tile of blockDim.x
-    experts at a time, then ``padbase[E]``, the call's padding rows. ``load(ctot, e)`` reads
-    expert e's tokens (``ld.cg`` from global scratch for the scan, shared memory for
-    :mod:`.count_gather`). The device function returns ``(rows, first mismatch)``: the
-    padded rows of all experts and the first expert whose capacity is not its count, or BIG
-    (with ``override`` 0)."""
-
-    @device
-    def phase_b(
-        ctot, capacity, offsets, lim, padbase, out_offsets, has_offsets, E, A, R, override, tmp,
-        tid, bd
-    ):
-        carry = int64(0)
-        pad_carry = int64(0)
-        mismatch = BIG
-        for e0 in range(0, E, bd):
-            carry, pad_carry, mismatch = expert_offsets(
-                e0,
-                load(ctot, e0 + tid) if e0 + tid < E else int64(0),
-                carry,
-                pad_carry,
-                mismatch,
-                capacity,
-                offsets,
-                lim,
-                padbase,
-                out_offsets,
-                has_offsets,
-                E,
-                A,
-                R,
-                override,
-                tmp,
-                tid,
-            )
-        if tid == 0:
-            padbase[E] = pad_carry
-        return carry, mismatch
-
-    return phase_b
-
-
-_phase_b = make_phase_b(load_cg)
+    experts at a time (each expert's tokens read from scratch with ``ld.cg``: another block
+    wrote them), then ``padbase[E]``, the call's padding rows. Returns ``(rows, first
+    mismatch)``: the padded rows of all experts and the first expert whose capacity is not
+    its count, or BIG (with ``override`` 0)."""
+    carry = int64(0)
+    pad_carry = int64(0)
+    mismatch = BIG
+    for e0 in range(0, E, bd):
+        carry, pad_carry, mismatch = expert_offsets(
+            e0,
+            load_cg(ctot, e0 + tid) if e0 + tid < E else int64(0),
+            carry,
+            pad_carry,
+            mismatch,
+            capacity,
+            offsets,
+            lim,
+            padbase,
+            out_offsets,
+            has_offsets,
+            E,
+            A,
+            R,
+            override,
+            tmp,
+            tid,
+        )
+    if tid == 0:
+        padbase[E] = pad_carry
+    return carry, mismatch
 
 
 @device

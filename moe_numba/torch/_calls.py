@@ -60,9 +60,7 @@ def permute(arrays, values, tokens_per_expert):
         backend, plan = _direct.planned_permute(arrays, scalars, tokens_per_expert)
         if not recorded:
             return _direct.permute(backend, plan, arrays, scalars, tokens_per_expert)
-        outputs = DirectPermute.apply(
-            backend, plan, *arrays, *_op_scalars(values, plan.capacities)
-        )
+        outputs = DirectPermute.apply(backend, plan, *arrays, *_op_scalars(values, plan.capacities))
     else:
         refuse_unsupported("moe_permute", arrays)
         check_all_tensors(arrays)
