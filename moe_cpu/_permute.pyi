@@ -14,9 +14,9 @@ def permute(
     out_rowmap: npt.NDArray[np.int32],
     out_probs: npt.NDArray[np.float32],
     out_indices: npt.NDArray[np.int32] | None,
+    out_offsets: npt.NDArray[np.int32] | None,
     status: npt.NDArray[np.int64],
     *,
     alignment: int,
     validate: bool,
-    out_offsets: npt.NDArray[np.int32] | None = None,
 ) -> None: ...

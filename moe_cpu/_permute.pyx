@@ -334,11 +334,11 @@ def permute(
     int32_t[:, ::1] out_rowmap not None,         # OUT  [T, E]
     float[::1] out_probs not None,               # OUT  [R]
     int32_t[::1] out_indices,                    # OUT  [R] or None
+    int32_t[::1] out_offsets,                    # OUT  [E] or None
     int64_t[::1] status not None,                # OUT  [PERMUTE_STATUS_LEN]
     *,
     int64_t alignment,
     bint validate,
-    int32_t[::1] out_offsets=None,               # OUT  [E] or None
 ):
     """Backend of ``moe_permute``: fill the preallocated outputs and the status words.
 
@@ -365,14 +365,14 @@ def permute(
         float32 ``[R]``; its shape gives R.
     out_indices : numpy.ndarray or None
         int32 ``[R]`` owning expert of each row, or None when not asked for.
+    out_offsets : numpy.ndarray or None
+        int32 ``[E]``: the end row of each expert's block, cut at R; None when not asked for.
     status : numpy.ndarray
         int64 ``[PERMUTE_STATUS_LEN]``; the slots are :data:`moe_cpu.STATUS_SLOTS`.
     alignment : int
         Rows per padding unit, >= 1.
     validate : bool
         When true and `status` reports an error, return without writing the outputs.
-    out_offsets : numpy.ndarray or None
-        int32 ``[E]``: the end row of each expert's block, cut at R; None when not asked for.
 
     Raises
     ------

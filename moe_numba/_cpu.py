@@ -66,10 +66,10 @@ def permute(plan, arrays, validate, *, empty=moe_cpu.empty):
         out.rowmap,
         out.probs,
         out.indices,
+        out.offsets,
         status,
         alignment=plan.alignment,
         validate=validate,
-        out_offsets=out.offsets,
     )
     return out, (status if validate else None)
 

@@ -363,6 +363,7 @@ def test_permute_large_alignment_and_capacity():
             rowmap,
             row_probs,
             None,
+            None,
             status,
             alignment=alignment,
             validate=False,
@@ -386,6 +387,7 @@ def permute_arguments(T=3, K=2, E=4, R=6, hb=8, sb=4):
         out_rowmap=np.empty((T, E), np.int32),
         out_probs=np.empty(R, np.float32),
         out_indices=np.empty(R, np.int32),
+        out_offsets=np.empty(E, np.int32),
         status=np.empty(_abi.PERMUTE_STATUS_LEN, np.int64),
     )
 
@@ -401,6 +403,7 @@ def permute_arguments(T=3, K=2, E=4, R=6, hb=8, sb=4):
         ("scale", np.zeros((2, 4), np.uint8), r"scale must have shape \[T, sb\] = \(3, 4\)"),
         ("out_scale", np.zeros((5, 4), np.uint8), r"out_scale must have shape \[R, sb\] = "),
         ("out_indices", np.zeros(7, np.int32), r"out_indices must have shape \[R\] = \(6,\)"),
+        ("out_offsets", np.zeros(3, np.int32), r"out_offsets must have shape \[E\] = \(4,\)"),
         ("status", np.zeros(8, np.int64), r"status must have shape \[PERMUTE_STATUS_LEN\]"),
         (
             "out_hidden",

@@ -305,8 +305,10 @@ def check_close(torch, got, want):
     """``"close"`` when ``got`` is within about one bfloat16 step of ``want`` everywhere
     (each implementation sums in float32 in its own order), else ``"DIFFERENT"``; with the
     largest difference."""
-    diff = (got.float() - want.float()).abs()
-    ok = bool((diff <= want.float().abs() / 64 + 1e-3).all())
+    # (detached: the layer step's outputs carry autograd, which a comparison does not need)
+    got, want = got.detach().float(), want.detach().float()
+    diff = (got - want).abs()
+    ok = bool((diff <= want.abs() / 64 + 1e-3).all())
     return f"{'close' if ok else 'DIFFERENT'} (max |diff| {float(diff.max()):.2g})"
 
 
