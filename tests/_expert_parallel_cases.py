@@ -311,9 +311,10 @@ def worker(rank, ranks, port, cases, queue):
 TIMEOUT = 3  # seconds: the process group's timeout in timeout_worker
 
 
-def timeout_worker(rank, ranks, port, queue):
-    """Rank 1 never calls the layer (as if it had raised before it) and stays alive; rank 0
-    calls it and waits in the first agreement until the group's timeout."""
+def timeout_worker(rank, ranks, port, queue, stop):
+    """Rank 1 never calls the layer (as if it had raised before it) and stays alive until
+    rank 0 has ended (``stop``, set by the parent; gloo may abort a process whose peer left
+    first); rank 0 calls it and waits in the first agreement until the group's timeout."""
     from moe_numba.bench._distributed import join_local_group
 
     join_local_group(rank, ranks, port, timeout=TIMEOUT, threads=1)
@@ -322,7 +323,7 @@ def timeout_worker(rank, ranks, port, queue):
         queue.put((name, rank, run_failure(Failure(name, -1, "", "", ""), rank)))
     else:
         queue.put((name, rank, {"type": None, "message": "did not call", "seconds": 0.0}))
-        time.sleep(TIMEOUT + 5)
+        stop.wait(TIMEOUT + 5)
     _exit_cleanly(queue)
 
 

@@ -226,6 +226,9 @@ def _run_group(ranks, cases=None, target=worker):
     queue = context.Queue()
     port = _free_port()
     arguments = (port, cases, queue) if target is worker else (port, queue)
+    stop = context.Event()  # set once rank 0 has ended: timeout_worker's idle rank may end
+    if target is timeout_worker:
+        arguments += (stop,)
     processes = [
         context.Process(target=target, args=(rank, ranks, *arguments), daemon=True)
         for rank in range(ranks)
@@ -248,6 +251,7 @@ def _run_group(ranks, cases=None, target=worker):
                 break
         for p in processes:
             p.join(timeout=max(1.0, deadline - time.monotonic()))
+            stop.set()
     finally:
         for p in processes:
             if p.is_alive():
