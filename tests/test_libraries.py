@@ -4,8 +4,6 @@ torch's adapter is exercised on CPU tensors (its methods work on any device), th
 where the CUDA simulator is on; the CUDA-only paths run in the GPU suite.
 """
 
-import os
-
 import numpy as np
 import pytest
 
@@ -22,7 +20,6 @@ from moe_numba._libraries import (
 from moe_numba._transfer import gpu_library, to_device, to_host
 
 ADAPTERS = (NumpyLibrary, *_libraries.GPU_LIBRARIES)
-SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
 PROTOCOL = {
@@ -98,7 +95,7 @@ def test_torch_cpu_tensors_are_host_arrays():
         assert isinstance(_libraries.array_library(torch.zeros(2)), _libraries.TorchCpuLibrary)
 
 
-@pytest.mark.skipif(not SIMULATOR, reason="needs NUMBA_ENABLE_CUDASIM=1")
+@pytest.mark.sim  # (a skip outside the simulator left it to no run: the simulator's selects sim)
 @pytest.mark.parametrize("dtype", HIDDEN_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_simulator_adapter_copies_keep_every_bit(dtype):
     x = random_bits(np.random.default_rng(2), (2, 3), dtype)
