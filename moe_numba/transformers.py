@@ -177,7 +177,7 @@ def experts_forward(
     # gradient
     row_experts = None
     if has_bias:
-        row_experts = torch.where(permuted[4] >= 0, permuted[4], num_experts)
+        row_experts = permuted[4].remainder(num_experts + 1)  # (-1 -> E)
 
     out = _grouped_linear(rows, up_weight, up_bias, offsets, row_experts, transposed)
     out = self._apply_gate(out) if has_gate else self.act_fn(out)
@@ -251,8 +251,7 @@ def _grouped_linear(rows, weight, bias, offsets, row_experts, transposed):
         weight = weight.transpose(-2, -1)
     out = grouped_mm(_as(rows, weight.dtype), weight, offsets)
     if bias is not None:
-        padded = torch.cat([bias, bias.new_zeros(1, bias.shape[-1])])
-        out = out + padded[row_experts]
+        out = out + torch.nn.functional.pad(bias, (0, 0, 0, 1))[row_experts]
     return out
 
 
