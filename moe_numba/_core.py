@@ -14,6 +14,8 @@ library by name: the public functions (:mod:`moe_numba._api`) and the torch inte
 
 from __future__ import annotations
 
+import sys
+
 from ._cache import BoundedCache
 from ._capacities import forget_capacity_plans, with_capacities
 from ._contract import (
@@ -133,10 +135,16 @@ SORT_CHUNKS = CallCache(check_sort_metadata)
 
 
 def clear():
-    """Forget every prepared call of every op (and the capacities planned for them)."""
+    """Forget every prepared call of every op, the capacities planned for them and, where
+    the GPU backend is loaded, its launch plans and device copies of capacities (the torch
+    integration's recorded calls are :func:`moe_numba.torch._replay.forget`'s)."""
     for calls in (PERMUTE, UNPERMUTE, PERMUTE_BACKWARD, UNPERMUTE_BACKWARD, SORT_CHUNKS):
         calls.clear()
     forget_capacity_plans()
+    gpu = sys.modules.get("moe_numba._gpu")  # (not loaded: nothing of it to forget)
+    backend = None if gpu is None else gpu.loaded_backend()
+    if backend is not None:
+        backend.clear()
 
 
 def _allocator(empty):

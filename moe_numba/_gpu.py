@@ -20,6 +20,11 @@ from .runtime._recording import Address, RecordingLauncher, replay_sequence
 _BACKEND = None
 
 
+def loaded_backend():
+    """The GPU backend if it has been loaded, else None (nothing is imported)."""
+    return _BACKEND
+
+
 def gpu_backend():
     """The GPU backend, loaded on first use, with an explanation if it cannot load."""
     global _BACKEND
@@ -165,6 +170,15 @@ class _GPUBackend:
         self._kept_words = _staged.kept_words
         self._capacities = BoundedCache(64)
         self._seen = BoundedCache(256)  # capacities' keys met once (see _permute_capacities)
+
+    def clear(self):
+        """Forget the device copies of capacities, the capacities met once and every op's
+        launch plans: calls plan and upload again (after a change of the kernels' module
+        settings, or to give the memory back)."""
+        self._capacities.clear()
+        self._seen.clear()
+        for planner in (self._permute, self._unpermute, self._unpermute_backward):
+            planner.forget_launch_plans()
 
     def _capacities_on_device(self, call, capacities, capturing, key=None):
         """The buffer of an int64 host array the kernels read (``tokens_per_expert``;

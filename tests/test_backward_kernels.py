@@ -27,8 +27,7 @@ from _cases import (  # noqa: E402
     random_values,
 )
 from _gradients import token_with_40_rows  # noqa: E402
-from moe_numba import _abi, _oracle  # noqa: E402
-from moe_numba._cache import BoundedCache  # noqa: E402
+from moe_numba import _abi, _core, _oracle  # noqa: E402
 from moe_numba._contract_backward import (  # noqa: E402
     PermuteBackwardArrays,
     UnpermuteBackwardArrays,
@@ -67,7 +66,7 @@ def small_geometry(monkeypatch):
     writes the status), zero workers at least 2 (each takes several chunks of 32 rows), a
     thread holds 1 or 2 groups of a row (rows go in several batches), the combine in blocks
     of 16 threads and the check in 3 blocks of 16. The launch plans cached under the real
-    geometry are set aside."""
+    geometry are forgotten."""
     for module, values in (
         (UB, dict(OWNER_BD=16, OWNER_BLOCKS=3, ZERO_WORKERS=2)),
         (scatter, dict(BATCH_GROUPS={False: (1, 2), True: (1, 2)})),
@@ -75,14 +74,15 @@ def small_geometry(monkeypatch):
     ):
         for name, value in values.items():
             monkeypatch.setattr(module, name, value)
-    monkeypatch.setattr(UB, "_LAUNCHES", BoundedCache(64))
-    monkeypatch.setattr(UP, "_LAUNCHES", BoundedCache(64))
     from numba.cuda.simulator import kernelapi
 
     def exact_fma(self, a, b, c):
         return np.float32(_oracle.fma_float32(a, b, c))
 
     monkeypatch.setattr(kernelapi.FakeCUDAModule, "fma", exact_fma)
+    _core.clear()  # (launch plans follow the geometry: none of the real one, none left after)
+    yield
+    _core.clear()
 
 
 class Poisoned:

@@ -16,8 +16,7 @@ from numba import config, cuda
 pytestmark = pytest.mark.sim  # calls the kernels with host arrays (conftest skips it elsewhere)
 
 
-from moe_numba import _abi, _oracle  # noqa: E402
-from moe_numba._cache import BoundedCache  # noqa: E402
+from moe_numba import _abi, _core, _oracle  # noqa: E402
 from moe_numba._capacities import with_capacities  # noqa: E402
 from moe_numba._contract import (  # noqa: E402
     PermuteArrays,
@@ -42,7 +41,7 @@ def small_geometry(monkeypatch):
     lane (rows go in several batches), padding goes in chunks of 3 rows to at least 2 workers
     (a worker takes several chunks when routing slots are empty), 5 blocks take every item,
     a token's list holds 256 rows (4 in one test), the unpermute's check runs 3 blocks of 16
-    threads (grid-stride). The launch plans cached under the real geometry are set aside."""
+    threads (grid-stride). No launch plan outlives the geometry it was made for."""
     for module, values in (
         (count, dict(CT=32, ETILE=4, COUNT_BITS=4, RMT=128)),
         (gather, dict(LANES=4, BATCH_WORDS=(1, 2), PAD_ROWS=3)),
@@ -51,14 +50,15 @@ def small_geometry(monkeypatch):
     ):
         for name, value in values.items():
             monkeypatch.setattr(module, name, value)
-    monkeypatch.setattr(PM, "_LAUNCHES", BoundedCache(64))
-    monkeypatch.setattr(UP, "_LAUNCHES", BoundedCache(64))
     from numba.cuda.simulator import kernelapi
 
     def exact_fma(self, a, b, c):
         return np.float32(_oracle.fma_float32(a, b, c))
 
     monkeypatch.setattr(kernelapi.FakeCUDAModule, "fma", exact_fma)
+    _core.clear()  # (launch plans follow the geometry: none of the real one, none left after)
+    yield
+    _core.clear()
 
 
 class Poisoned:
@@ -238,8 +238,6 @@ def test_permute_capacities_met_first_are_staged_then_copied(monkeypatch):
     their second call on from a device copy, and on a stream being captured from host words
     kept for good. Every call matches the oracle (run_permute calls the backend twice:
     validate on, then off)."""
-    monkeypatch.setattr(BACKEND, "_capacities", BoundedCache(64))
-    monkeypatch.setattr(BACKEND, "_seen", BoundedCache(256))
     staged = []
     real = PM.StagedWords
 

@@ -23,6 +23,7 @@ import sys
 import torch
 
 import moe_numba
+from moe_numba import _core
 from moe_numba.kernels import permute as PM
 from moe_numba.kernels import unpermute as UP
 from moe_numba.torch import _replay
@@ -86,10 +87,8 @@ def calls(T, A):
     }
 
 
-def sweep(label, module, name, settings, shapes, ops, plans=None):
-    """One line per shape and op: the GPU time for each value of ``module.name``; ``plans``
-    (default ``module``) holds the launch plans that depend on it."""
-    plans = plans or module
+def sweep(label, module, name, settings, shapes, ops):
+    """One line per shape and op: the GPU time for each value of ``module.name``."""
     print(f"{label}: {name} = " + ", ".join(map(str, settings)))
     saved = getattr(module, name)
     try:
@@ -99,19 +98,19 @@ def sweep(label, module, name, settings, shapes, ops, plans=None):
                 ref, row = None, []
                 for value in settings:
                     setattr(module, name, value)
-                    _forget(plans)
+                    _forget()
                     out = fns[op]()
                     ref = out if ref is None else ref
                     row.append(gpu_figure(fns[op]) + ("" if same(out, ref) else " DIFF"))
                 print(f"  T={T:5d} A={A:3d} {op:12s} " + " ".join(row), flush=True)
     finally:
         setattr(module, name, saved)
-        _forget(plans)
+        _forget()
 
 
-def _forget(plans):
-    """Drop the launch plans of ``plans`` and every replay: both depend on the setting."""
-    plans._LAUNCHES.clear()
+def _forget():
+    """Drop every launch plan and replay: both depend on the setting."""
+    _core.clear()
     _replay.forget()
 
 

@@ -109,6 +109,11 @@ class _Launches(NamedTuple):
 _LAUNCHES = BoundedCache(1024)  # token counts vary between calls
 
 
+def forget_launch_plans():
+    """Forget the planned launches of every call key (they follow the module's settings)."""
+    _LAUNCHES.clear()
+
+
 def _row_parts(T, hnw):
     """(parts, words per part) of a hidden row of ``hnw`` words: one part when there are
     TOKEN_WARPS tokens or more; else enough parts for about that many token warps, each of

@@ -84,6 +84,11 @@ class _Launches(NamedTuple):
 _LAUNCHES = BoundedCache(1024)  # token counts vary between calls
 
 
+def forget_launch_plans():
+    """Forget the planned launches of every call key (they follow the module's settings)."""
+    _LAUNCHES.clear()
+
+
 def _row_parts(T, words):
     """(parts, words per part) of a combine's row of ``words`` words: one part when there are
     TOKEN_BLOCKS tokens or more; else enough parts for about that many blocks, each of at

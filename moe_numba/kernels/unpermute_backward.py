@@ -93,6 +93,11 @@ class _Launches(NamedTuple):
 _LAUNCHES = BoundedCache(1024)  # token counts vary between calls
 
 
+def forget_launch_plans():
+    """Forget the planned launches of every call key (they follow the module's settings)."""
+    _LAUNCHES.clear()
+
+
 def _zero_workers(R, slots):
     """Warps that test the rows' owners (a chunk of LANES rows each) and zero the rows
     without a pair: one per chunk of the rows there would be with every routing slot
