@@ -154,22 +154,12 @@ def experts_forward(
     num_tokens, top_k = top_k_index.shape
     if num_tokens * top_k == 0:  # no rows: torch._grouped_mm refuses an empty operand
         return torch.zeros_like(hidden_states)
-    routes, probs = merged_routing(top_k_index, top_k_weights, num_experts)
-    rows_x = _as(hidden_states, up_weight.dtype)
-    rows_x = rows_x if rows_x.is_contiguous() else rows_x.contiguous()
-    num_rows = -(-num_tokens * top_k // _ROW_MULTIPLE) * _ROW_MULTIPLE
-    permuted = moe_permute(
-        rows_x,
-        None,
-        routes,
-        probs,
+    routes, permuted = permute_rows(
+        _contiguous(_as(hidden_states, up_weight.dtype)),
+        top_k_index,
+        top_k_weights,
         num_experts,
-        None,
-        1,
         return_expert_indices=has_bias,
-        override_buffer_size=num_rows,
-        validate=False,
-        return_expert_offsets=True,
     )
     rows, rowmap, row_probs, offsets = permuted[0], permuted[1], permuted[2], permuted[-1]
     # a row past the filled ones selects bias row E, an appended zero row: the grouped GEMM
@@ -186,17 +176,77 @@ def experts_forward(
         # the norm's weight gradient sums over every row it sees: give it defined rows
         filled = torch.arange(out.shape[0], device=out.device) < offsets[-1]
         out = self.post_expert_norm(torch.where(filled.unsqueeze(1), out, 0))
+    combined = combine_rows(out, rowmap, routes, row_probs, num_experts)
+    return _as(combined, hidden_states.dtype)
+
+
+def permute_rows(rows, top_k_index, top_k_weights, num_experts, return_expert_indices=False):
+    """The layer's routing clean-up and permute: every token's rows in an expert-major buffer
+    of ``round_up(T * K, 8)`` unpadded rows, counted on the device.
+
+    Parameters
+    ----------
+    rows : torch.Tensor of shape (T, H), contiguous
+        The token rows, in a dtype ``moe_permute`` takes.
+    top_k_index, top_k_weights : torch.Tensor of shape (T, K)
+        As :func:`merged_routing` takes them.
+    num_experts : int
+        E.
+    return_expert_indices : bool, default False
+        Also ask the permute for each row's expert.
+
+    Returns
+    -------
+    routes : torch.Tensor of shape (T, K)
+        The routing map the permute took (:func:`merged_routing`).
+    permuted : tuple of torch.Tensor
+        ``moe_permute``'s outputs, ``expert_offsets`` last (``validate=False``).
+    """
+    num_tokens, top_k = top_k_index.shape
+    routes, probs = merged_routing(top_k_index, top_k_weights, num_experts)
+    num_rows = -(-num_tokens * top_k // _ROW_MULTIPLE) * _ROW_MULTIPLE
+    permuted = moe_permute(
+        rows,
+        None,
+        routes,
+        probs,
+        num_experts,
+        None,
+        1,
+        return_expert_indices=return_expert_indices,
+        override_buffer_size=num_rows,
+        validate=False,
+        return_expert_offsets=True,
+    )
+    return routes, permuted
+
+
+def combine_rows(rows, rowmap, routes, row_probs, num_experts):
+    """The layer's unpermute: each token's expert rows weighted by their probabilities and
+    summed in float32 (``moe_unpermute``, ``validate=False``), for the outputs of
+    :func:`permute_rows`.
+
+    Returns
+    -------
+    torch.Tensor of shape (T, H)
+        The dtype of ``rows``.
+    """
     combined, _ = moe_unpermute(
-        out,
+        rows,
         rowmap,
         routes,
         row_probs,
-        num_tokens,
+        rowmap.shape[0],
         num_experts,
         using_weighted_combine=True,
         validate=False,
     )
-    return _as(combined, hidden_states.dtype)
+    return combined
+
+
+def _contiguous(tensor):
+    """``tensor.contiguous()``, without a call into torch where it is contiguous already."""
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
 def merged_routing(
@@ -225,7 +275,7 @@ def merged_routing(
         Differentiable in ``top_k_weights``: a merged slot passes its gradient to every slot
         it summed.
     """
-    ids = top_k_index if top_k_index.is_contiguous() else top_k_index.contiguous()
+    ids = _contiguous(top_k_index)
     probs = top_k_weights.to(torch.float32)
     if ids.shape[1] > 1:
         # same[t, k, j]: slots k and j name one expert; each slot takes the sum of the
@@ -235,7 +285,7 @@ def merged_routing(
         same = ids[:, :, None] == ids[:, None, :]
         probs = torch.where(same, probs[:, None, :], 0.0).sum(2)
         ids = torch.where(same.tril(-1).any(2), -1, ids)
-    return ids, probs if probs.is_contiguous() else probs.contiguous()
+    return ids, _contiguous(probs)
 
 
 def _as(tensor, dtype):

@@ -223,7 +223,7 @@ def _case(torch, backend, experts, top_k, tokens, backward, args):
 
         def glue():
             x_, index_, weights_ = _inputs(x, index, weights, backward)
-            return _glue(torch, backend, x_, index_, weights_, num_experts)
+            return _glue(backend, x_, index_, weights_, num_experts)
 
         ms = _median(torch, glue, grad if backward else None, experts, args)
         out["glue_ms"] = ms
@@ -237,37 +237,12 @@ def _inputs(x, index, weights, backward):
     return x, index, weights
 
 
-def _glue(torch, backend, x, index, weights, num_experts):
+def _glue(backend, x, index, weights, num_experts):
     """The moe-numba layer without its GEMMs: routing clean-up, permute (with the offsets),
     unpermute (the permuted rows combined as they are)."""
-    from .. import moe_permute, moe_unpermute
-
-    tokens, top_k = index.shape
-    routes, probs = backend.merged_routing(index, weights, num_experts)
-    rows = -(-tokens * top_k // 8) * 8
-    rows_x, rowmap, row_probs, _, _ = moe_permute(
-        x,
-        None,
-        routes,
-        probs,
-        num_experts,
-        None,
-        1,
-        override_buffer_size=rows,
-        validate=False,
-        return_expert_offsets=True,
-    )
-    combined, _ = moe_unpermute(
-        rows_x,
-        rowmap,
-        routes,
-        row_probs,
-        tokens,
-        num_experts,
-        using_weighted_combine=True,
-        validate=False,
-    )
-    return combined
+    routes, permuted = backend.permute_rows(x, index, weights, num_experts)
+    rows, rowmap, row_probs = permuted[0], permuted[1], permuted[2]
+    return backend.combine_rows(rows, rowmap, routes, row_probs, num_experts)
 
 
 def _median(torch, function, grad, experts, args):
