@@ -43,20 +43,23 @@ def _replayable(arrays, validate):
     return validate is False and like.is_cuda
 
 
-def planned_permute(arrays, scalars, tokens_per_expert):
-    """(backend, plan) of a permute on tensors, checked as for every array kind."""
+def _planned(planned, arrays, *arguments):
+    """(backend, plan) of a call on tensors from the core's ``planned(arrays, *arguments)``,
+    checked as for every array kind."""
     check_dtypes(arrays)  # (first: the core would name the bits' dtype, not torch's)
-    backend, plan = _core.planned_permute(arrays, scalars, tokens_per_expert)
+    backend, plan = planned(arrays, *arguments)
     _check_kinds(arrays)
     return backend, plan
+
+
+def planned_permute(arrays, scalars, tokens_per_expert):
+    """(backend, plan) of a permute on tensors, checked as for every array kind."""
+    return _planned(_core.planned_permute, arrays, scalars, tokens_per_expert)
 
 
 def planned_unpermute(arrays, scalars):
     """(backend, plan) of an unpermute on tensors, checked as for every array kind."""
-    check_dtypes(arrays)  # (as for the permute)
-    backend, plan = _core.planned_unpermute(arrays, scalars)
-    _check_kinds(arrays)
-    return backend, plan
+    return _planned(_core.planned_unpermute, arrays, scalars)
 
 
 def permute(backend, plan, arrays, scalars, tokens_per_expert):
@@ -106,9 +109,7 @@ def _gradient(replays, names, planned, run, arrays, values):
     if outputs is not None:
         return outputs
     scalars = dict(zip(names, values, strict=True))
-    check_dtypes(arrays)  # (as for the permute)
-    backend, plan = planned(arrays, scalars)
-    _check_kinds(arrays)
+    backend, plan = _planned(planned, arrays, scalars)
     validate = scalars["validate"]
     if plan.computes and _replayable(arrays, validate):
         return replays.run(backend, plan, arrays, scalars)
