@@ -1,4 +1,4 @@
-"""Command line: ``python -m moe_numba {demo,bench} ...`` (see ``--help``).
+"""Command line: ``python -m moe_numba {demo,bench,layer} ...`` (see ``--help``).
 
 Every option is checked here before any work starts: a value out of range, a file that
 cannot be read or written, a GPU that is not there, a shape whose arrays cannot fit in the
@@ -132,6 +132,12 @@ def _parser():
     from .bench._peers import add_options
 
     add_options(bench)
+    commands.add_parser(  # (listed here; main hands its options to the layer bench)
+        "layer",
+        add_help=False,
+        help="time the transformers experts layer of real models against transformers' own "
+        "backends (CUDA GPU; python -m moe_numba layer --help)",
+    )
     return parser, {"demo": demo, "bench": bench}
 
 
@@ -247,6 +253,11 @@ def bench_settings(parser, args):
 
 def main(argv=None):
     """Entry point of ``python -m moe_numba`` and of the ``moe-numba`` script."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["layer"]:  # (every option after it, --help included, is the bench's own)
+        from .bench._layer import main as run_layer
+
+        return run_layer(argv[1:])
     parser, commands = _parser()
     args = parser.parse_args(argv)
     if args.command == "demo":

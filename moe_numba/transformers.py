@@ -202,10 +202,16 @@ def permute_rows(rows, top_k_index, top_k_weights, num_experts, return_expert_in
     permuted : tuple of torch.Tensor
         ``moe_permute``'s outputs, ``expert_offsets`` last (``validate=False``).
     """
-    num_tokens, top_k = top_k_index.shape
     routes, probs = merged_routing(top_k_index, top_k_weights, num_experts)
+    return routes, permute_routes(rows, routes, probs, num_experts, return_expert_indices)
+
+
+def permute_routes(rows, routes, probs, num_experts, return_expert_indices=False):
+    """:func:`permute_rows` after its routing clean-up: ``moe_permute``'s outputs for the
+    routing map and float32 weights that :func:`merged_routing` returns."""
+    num_tokens, top_k = routes.shape
     num_rows = -(-num_tokens * top_k // _ROW_MULTIPLE) * _ROW_MULTIPLE
-    permuted = moe_permute(
+    return moe_permute(
         rows,
         None,
         routes,
@@ -218,7 +224,6 @@ def permute_rows(rows, top_k_index, top_k_weights, num_experts, return_expert_in
         validate=False,
         return_expert_offsets=True,
     )
-    return routes, permuted
 
 
 def combine_rows(rows, rowmap, routes, row_probs, num_experts):

@@ -1,8 +1,9 @@
-"""The experts-layer benchmark (``python -m moe_numba.bench._layer``): its command line and
-its refusal to run without a CUDA GPU (the timing itself needs one)."""
+"""The experts-layer benchmark (``python -m moe_numba layer``): its command line and its
+refusal to run without a CUDA GPU (the timing itself needs one)."""
 
 import pytest
 
+from moe_numba.__main__ import main as command_line
 from moe_numba.bench import _layer
 
 
@@ -47,3 +48,22 @@ def test_refuses_without_a_gpu():
         pytest.skip("a CUDA GPU is present: the benchmark would run")
     with pytest.raises(SystemExit, match="needs a CUDA GPU: torch.cuda.is_available"):
         _layer.main(["--models", "mixtral-8x7b", "--tokens", "16"])
+
+
+def test_the_command_line_hands_every_option_to_the_layer_bench(capsys):
+    with pytest.raises(SystemExit) as raised:
+        command_line(["layer", "--help"])
+    assert raised.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m moe_numba layer")
+    assert "--models" in out and "--batched-limit-gib" in out
+    with pytest.raises(SystemExit) as raised:
+        command_line(["layer", "--tokens", "0"])
+    assert raised.value.code == 2
+    assert "--tokens: expected a comma-separated list of positive ints" in capsys.readouterr().err
+
+
+def test_the_command_line_lists_the_layer_bench(capsys):
+    with pytest.raises(SystemExit):
+        command_line(["--help"])
+    assert "layer" in capsys.readouterr().out

@@ -2,7 +2,7 @@
 
 ::
 
-    python -m moe_numba.bench._layer [--models qwen3-30b-a3b,mixtral-8x7b,deepseek-v3,gpt-oss-20b]
+    python -m moe_numba layer [--models qwen3-30b-a3b,mixtral-8x7b,deepseek-v3,gpt-oss-20b]
         [--tokens 16,512,4096,16384] [--impls moe_numba,grouped_mm,batched_mm,eager]
         [--iters 10] [--warmup 3] [--json PATH]
 
@@ -14,7 +14,9 @@ and run through each experts implementation of ``ExpertsInterface``: ``moe_numba
 forward plus backward (weights, hidden states and routing weights requiring gradients), as
 the median of CUDA-event times after warm-up, and the share of moe-numba's layer spent in its
 permute and unpermute (those two ops and the routing clean-up, timed alone on the same
-inputs), and, for the forward, the largest difference between moe-numba's output and
+inputs); the GPU time of the permute and unpermute alone (with their backward for
+forward+backward) with the host running ahead, beside a device copy of the bytes they move;
+and, for the forward, the largest difference between moe-numba's output and
 ``grouped_mm``'s relative to the largest value of the latter. ``batched_mm`` copies one
 weight matrix per (token, slot) pair; a case whose copies would pass ``--batched-limit-gib``
 is skipped.
@@ -82,7 +84,7 @@ def _tokens(text):
 def parse_args(argv=None):
     """The command line, checked (``SystemExit`` with a message for a bad one)."""
     parser = argparse.ArgumentParser(
-        prog="python -m moe_numba.bench._layer",
+        prog="python -m moe_numba layer",
         description="Time the transformers experts layer: moe-numba against transformers' "
         "grouped_mm, batched_mm and eager (CUDA GPU only).",
     )
@@ -123,24 +125,25 @@ def main(argv=None):
         import torch
     except ImportError:
         raise SystemExit(
-            "moe_numba.bench._layer needs torch with CUDA: pip install torch"
+            "python -m moe_numba layer needs torch with CUDA: pip install torch"
         ) from None
     if not torch.cuda.is_available():
         raise SystemExit(
-            "moe_numba.bench._layer needs a CUDA GPU: torch.cuda.is_available() is False"
+            "python -m moe_numba layer needs a CUDA GPU: torch.cuda.is_available() is False"
         )
     try:
         from transformers.integrations.moe import ExpertsInterface  # noqa: F401
     except ImportError:
         raise SystemExit(
-            "moe_numba.bench._layer needs transformers>=5: pip install 'moe-numba[transformers]'"
+            "python -m moe_numba layer needs transformers>=5: pip install 'moe-numba[transformers]'"
         ) from None
     from .. import transformers as backend
 
     backend.register()
     results = []
     print(f"device: {torch.cuda.get_device_name()}; times in ms (median of {args.iters})")
-    header = ["model", "T", "pass", *args.impls, "permute+unpermute share", "max rel diff"]
+    header = ["model", "T", "pass", *args.impls, "permute+unpermute share"]
+    header += ["permute+unpermute GPU us", "copy GPU us", "max rel diff"]
     print(" | ".join(header))
     for model in args.models:
         experts, top_k = _experts(torch, model)
@@ -153,6 +156,8 @@ def main(argv=None):
                 cells += [_cell(row["ms"].get(impl)) for impl in args.impls]
                 share = row.get("glue_share")
                 cells.append("-" if share is None else f"{100 * share:.0f}%")
+                for name in ("ops_gpu_us", "copy_gpu_us"):
+                    cells.append("-" if row.get(name) is None else f"{row[name]:.1f}")
                 diff = row.get("rel_diff_vs_grouped_mm")
                 cells.append("-" if diff is None else f"{diff:.1e}")
                 print(" | ".join(cells), flush=True)
@@ -228,7 +233,49 @@ def _case(torch, backend, experts, top_k, tokens, backward, args):
         ms = _median(torch, glue, grad if backward else None, experts, args)
         out["glue_ms"] = ms
         out["glue_share"] = ms / out["ms"]["moe_numba"]
+        out["ops_gpu_us"], out["copy_gpu_us"] = _against_copy(
+            torch, backend, x, index, weights, num_experts, grad if backward else None, args
+        )
     return out
+
+
+def _against_copy(torch, backend, x, index, weights, num_experts, grad, args):
+    """GPU microseconds per call, the host running ahead (:meth:`._timers.CudaTimer.gpu_us`),
+    of the layer's permute and unpermute on its cleaned-up routing (with their backward
+    when ``grad`` is given), and of a device copy of the bytes they move
+    (:mod:`._bytes`: the layer's buffer is unpadded, so its routed rows are T*K)."""
+    from ._bytes import permute_bytes, step_bytes, unpermute_bytes
+    from ._cases import Case
+    from ._target import CudaTarget
+    from ._timers import CudaTimer
+
+    tokens, top_k = index.shape
+    case = Case(tokens, x.shape[1], num_experts, top_k, 1, "bf16")
+    counts = [tokens * top_k]
+    if grad is None:
+        nbytes = permute_bytes(case, counts) + unpermute_bytes(case)
+    else:
+        nbytes = step_bytes(case, counts)
+    with torch.no_grad():
+        routes, probs = backend.merged_routing(index, weights, num_experts)
+
+    def ops():
+        rows, row_probs = x, probs
+        if grad is not None:
+            rows, row_probs = x.detach().requires_grad_(), probs.detach().requires_grad_()
+        permuted = backend.permute_routes(rows, routes, row_probs, num_experts)
+        combined = backend.combine_rows(permuted[0], permuted[1], routes, permuted[2], num_experts)
+        if grad is not None:
+            combined.backward(grad)
+
+    timer = CudaTimer(args.iters, batch=10, warmup=args.warmup)
+    copy = CudaTarget("torch").copier(nbytes)
+    with torch.no_grad() if grad is None else torch.enable_grad():
+        for _ in range(args.warmup + 1):
+            ops()
+        ops_us = timer.gpu_us(ops)
+    copy()
+    return ops_us, timer.gpu_us(copy)
 
 
 def _inputs(x, index, weights, backward):
