@@ -51,7 +51,7 @@ class _Call:
     poisons what it returns).
     """
 
-    stages = False  # whether a permute stages its capacities whether or not met before
+    staged = False  # set by a permute that staged its capacities (_permute_capacities)
 
     def __init__(self, like, empty=None):
         self.like = like
@@ -92,20 +92,18 @@ class RecordedCall(_Call):
     device copy of capacities) is a constant of the replay, and :attr:`kept` holds it.
     After the call, :meth:`replay` says what to repeat.
 
-    With ``stages``, a permute's capacities are staged (:mod:`.runtime._staged`), and the
-    staged block is the value after the allocations: its replays stage the counts of each
-    call. Without it, a call that stages is refused (its block would be a constant).
+    Where a permute staged its capacities (:attr:`staged`, :mod:`.runtime._staged`), the
+    staged block is the value after the allocations: a replay stages the counts of its own
+    call there.
     """
 
-    def __init__(self, arrays, stages=False):
+    def __init__(self, arrays):
         super().__init__(next(x for x in arrays if x is not None))
-        self.stages = stages
         self.arrays = arrays
         self.allocations = []  # (shape, dtype) of each, in order
         self.allocated = []
         self.kept = []
         self.launcher = None
-        self.refused = False  # set by an op whose call a replay cannot repeat
         self._sources = {id(x): i for i, x in enumerate(arrays) if x is not None}
 
     def empty(self, shape, dtype):
@@ -140,11 +138,7 @@ class RecordedCall(_Call):
         returned array that the call did not allocate.
         """
         given = [x for x in self.arrays if x is not None]
-        if (
-            self.refused
-            or self.launcher is None
-            or len(self._sources) != len(given) + len(self.allocated)
-        ):
+        if self.launcher is None or len(self._sources) != len(given) + len(self.allocated):
             return None
         index = {id(x): j for j, x in enumerate(self.allocated)}
         index[id(None)] = -1
@@ -154,6 +148,9 @@ class RecordedCall(_Call):
         if launches is None or None in outputs or not aligned:
             return None
         return (*launches, outputs)
+
+
+_MET = object()  # a capacities cache entry: values met once, staged, with no device copy yet
 
 
 class _GPUBackend:
@@ -168,15 +165,14 @@ class _GPUBackend:
         self._unpermute_backward = unpermute_backward
         self._capturing = _staged.capturing
         self._kept_words = _staged.kept_words
-        self._capacities = BoundedCache(64)
-        self._seen = BoundedCache(256)  # capacities' keys met once (see _permute_capacities)
+        # capacities' values -> their device copy, or _MET where met once (and staged)
+        self._capacities = BoundedCache(256)
 
     def clear(self):
-        """Forget the device copies of capacities, the capacities met once and every op's
-        launch plans: calls plan and upload again (after a change of the kernels' module
-        settings, or to give the memory back)."""
+        """Forget the capacities met and their device copies, and every op's launch plans:
+        calls plan and upload again (after a change of the kernels' module settings, or to
+        give the memory back)."""
         self._capacities.clear()
-        self._seen.clear()
         for planner in (self._permute, self._unpermute, self._unpermute_backward):
             planner.forget_launch_plans()
 
@@ -194,9 +190,9 @@ class _GPUBackend:
         if capturing:
             return self._kept_words(call.library.device(call.like), capacities)
         key = self._capacities_key(call, capacities) if key is None else key
-        copy = self._capacities.get_or_compute(
-            key, lambda: call.library.upload(capacities, call.like)
-        )
+        copy = self._capacities.get(key)
+        if copy is None or copy is _MET:
+            copy = self._capacities.put(key, call.library.upload(capacities, call.like))
         return call.buffer(copy)
 
     @staticmethod
@@ -206,16 +202,16 @@ class _GPUBackend:
     def _permute_capacities(self, call, capacities, stream):
         """A permute's ``tokens_per_expert``: ``(device copy, None)`` for values met before,
         or ``(None, capacities)`` for values met for the first time, which the kernels then
-        read from pinned host memory (:mod:`.runtime._staged`): the new counts of a training
-        step cost no upload, and repeated ones (fixed capacities) get a device copy from
-        their second call on; a call that ``call.stages`` stages them anyway. A stream being
-        captured is never staged: a graph would read the host block again at every replay,
-        after it went back to its pool (:meth:`_capacities_on_device`)."""
+        read from pinned host memory (:mod:`.runtime._staged`; ``call.staged`` says so): the
+        new counts of a training step cost no upload, and repeated ones (fixed capacities)
+        get a device copy from their second call on. A stream being captured is never
+        staged: a graph would read the host block again at every replay, after it went back
+        to its pool (:meth:`_capacities_on_device`)."""
         key = self._capacities_key(call, capacities)
-        met = self._capacities.get(key) is not None or self._seen.get(key) is not None
         capturing = self._capturing(stream)
-        if (call.stages or not met) and not capturing:
-            self._seen.put(key, True)
+        if self._capacities.get(key) is None and not capturing:
+            self._capacities.put(key, _MET)
+            call.staged = True
             return None, capacities
         return self._capacities_on_device(call, capacities, capturing, key), None
 
@@ -233,8 +229,6 @@ class _GPUBackend:
         capacity = capacity_values = None
         if plan.capacities is not None:
             capacity, capacity_values = self._permute_capacities(call, plan.capacities, stream)
-            # (a replay stages its own counts, or reads the recorded device copy)
-            call.refused = (capacity_values is not None) != call.stages
         buffers = self._permute.PermuteBuffers(
             hidden=call.buffer(hidden_states) if plan.do_gather else None,
             scale=call.buffer(scale) if plan.gather_scale else None,

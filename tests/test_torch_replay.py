@@ -1,6 +1,6 @@
 """Replays of untraced calls on torch CUDA tensors (moe_numba/torch/_replay.py).
 
-The second call of a key with ``validate=False`` is recorded and later ones replay it: the
+The first call of a key with ``validate=False`` is recorded and later ones replay it: the
 same outputs and scratch allocated again, the same launches with the new addresses. Every
 replayed output equals the NumPy oracle bit for bit, in memory that held other bytes before;
 a call of another key (an input address of other alignment, new capacities, a gradient to
@@ -106,7 +106,9 @@ def test_replayed_permutes_equal_the_oracle(replays, alignment, indices):
     case, t = _case(1, alignment)
     expected = _expected_permute(case, return_expert_indices=indices)
     kept = []
-    for _ in range(4):  # full path, recorded, replayed, replayed
+    # full path (recorded with its capacities staged), full path again (capacities met
+    # before: recorded with a device copy of them), replayed, replayed
+    for _ in range(4):
         _poison()
         kept.append(_permute(t, case, return_expert_indices=indices))
         _assert_outputs(kept[-1], expected)
@@ -122,8 +124,8 @@ def _rotations(counts, n):
 
 @pytest.mark.parametrize("alignment", [1, 4])
 def test_new_capacities_of_a_recorded_row_count_replay(replays, alignment):
-    """Every call passes new capacities (a training step's): from the second call of a row
-    count on, the calls are recorded and replayed with their own capacities staged."""
+    """Every call passes new capacities (a training step's): the first call of a row count
+    is recorded, the later ones replay it with their own capacities staged."""
     case, t = _case(7, alignment)
     kept = []
     for counts in _rotations(case["tokens_per_expert"], 6):
@@ -131,7 +133,7 @@ def test_new_capacities_of_a_recorded_row_count_replay(replays, alignment):
         _poison()
         kept.append(_permute(t, new))
         _assert_outputs(kept[-1], _expected_permute(new))
-    assert replays["calls"] == 4
+    assert replays["calls"] == 5
     # capacities that the contract refuses, of the same row count: the full path's errors
     bad = list(case["tokens_per_expert"])
     bad[0], bad[1] = bad[0] + bad[1] + alignment, -alignment
@@ -140,7 +142,7 @@ def test_new_capacities_of_a_recorded_row_count_replay(replays, alignment):
         _permute(t, dict(case, tokens_per_expert=bad))
     with pytest.raises(TypeError, match="tokens_per_expert must hold ints"):
         _permute(t, dict(case, tokens_per_expert=[float(n) for n in case["tokens_per_expert"]]))
-    assert replays["calls"] == 4
+    assert replays["calls"] == 5
 
 
 def test_staged_replays_queued_behind_a_busy_gpu_keep_their_own_counts(replays):
@@ -151,14 +153,13 @@ def test_staged_replays_queued_behind_a_busy_gpu_keep_their_own_counts(replays):
     lists = {tuple(rng.permutation(case["tokens_per_expert"]).tolist()) for _ in range(200)}
     lists = [list(x) for x in sorted(lists)][:60]
     assert len(lists) == 60
-    for counts in lists[:2]:  # (full path, recorded)
-        _permute(t, dict(case, tokens_per_expert=counts))
+    _permute(t, dict(case, tokens_per_expert=lists[0]))  # (full path, recorded)
     torch.cuda.synchronize()
     torch.cuda._sleep(100_000_000)  # (about 50 ms: every call below is queued behind it)
-    queued = [_permute(t, dict(case, tokens_per_expert=counts)) for counts in lists[2:]]
+    queued = [_permute(t, dict(case, tokens_per_expert=counts)) for counts in lists[1:]]
     torch.cuda.synchronize()
     assert replays["calls"] == len(queued)
-    for counts, outputs in zip(lists[2:], queued, strict=True):
+    for counts, outputs in zip(lists[1:], queued, strict=True):
         _assert_outputs(outputs, _expected_permute(dict(case, tokens_per_expert=counts)))
 
 
@@ -169,12 +170,12 @@ def test_a_graph_captured_with_new_capacities_reads_its_own(replays):
     lists = _rotations(case["tokens_per_expert"], 5)
     for counts in lists[:3]:
         _permute(t, dict(case, tokens_per_expert=counts))
-    assert replays["calls"] == 1
+    assert replays["calls"] == 2
     captured_case = dict(case, tokens_per_expert=lists[3])
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = _permute(t, captured_case)
-    assert replays["calls"] == 1
+    assert replays["calls"] == 2
     for _ in range(2):
         later = _permute(t, dict(case, tokens_per_expert=lists[4]))  # (a staged replay)
         for out in captured:
@@ -183,7 +184,7 @@ def test_a_graph_captured_with_new_capacities_reads_its_own(replays):
         torch.cuda.synchronize()
         _assert_outputs(captured, _expected_permute(captured_case))
         _assert_outputs(later, _expected_permute(dict(case, tokens_per_expert=lists[4])))
-    assert replays["calls"] == 3
+    assert replays["calls"] == 3  # (the second call of lists[4] takes the full path)
 
 
 def test_a_replayed_unpermute_and_the_gradients_equal_the_oracle(replays):
@@ -226,10 +227,10 @@ def test_a_replayed_unpermute_and_the_gradients_equal_the_oracle(replays):
     }
     before = replays["calls"]
     for name, (call, expected) in calls.items():
-        for _ in range(4):
+        for _ in range(4):  # recorded, then replayed
             _poison()
             _assert_outputs(call(), expected)
-        assert replays["calls"] - before == 2, name
+        assert replays["calls"] - before == 3, name
         before = replays["calls"]
 
 
@@ -244,22 +245,23 @@ def test_calls_of_other_keys_take_the_full_path(replays):
     shifted = wide[1 : 1 + x.numel()].view(x.shape)
     shifted.copy_(x)
     assert shifted.data_ptr() % 16 != x.data_ptr() % 16
-    for _ in range(2):
+    for _ in range(2):  # (recorded, replayed)
         _assert_outputs(_permute({**t, "hidden_states": shifted}, case), _expected_permute(case))
-    # new capacities of a new row count and validate=True: the full path every time
+    assert replays["calls"] == 2
+    # new capacities of a new row count and validate=True: the full path
     more = dict(case, tokens_per_expert=[n + 1 for n in case["tokens_per_expert"]])
     _assert_outputs(_permute(t, more), _expected_permute(more))
     _assert_outputs(_permute(t, case, validate=True), _expected_permute(case))
-    assert replays["calls"] == 1
+    assert replays["calls"] == 2
     # a call that autograd records replays inside its autograd Function (no grad there)
     xg = t["hidden_states"].clone().requires_grad_(True)
     recorded = _permute({**t, "hidden_states": xg}, case)
     assert recorded[0].grad_fn is not None
     _assert_outputs([r.detach() for r in recorded], _expected_permute(case))
-    assert replays["calls"] == 2
+    assert replays["calls"] == 3
     for _ in range(2):  # (the recorded key still replays)
         _assert_outputs(_permute(t, case), _expected_permute(case))
-    assert replays["calls"] == 4
+    assert replays["calls"] == 5
 
 
 def test_a_bool_where_an_int_was_recorded_is_refused(replays):
@@ -311,13 +313,13 @@ def test_a_replay_runs_on_the_current_stream_and_in_a_cuda_graph(replays):
     # a replay without capacities is captured; one that holds a device copy of them is not
     # (the full path keeps them for the graph)
     over = dict(override_buffer_size=outputs[0].shape[0])
-    for _ in range(2):
+    for _ in range(2):  # (recorded, replayed)
         _permute(t, case, **over)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = _permute(t, case, **over)
         captured_counts = _permute(t, case)
-    assert replays["calls"] == 2
+    assert replays["calls"] == 3
     for _ in range(2):
         for out in (*captured, *captured_counts):
             out.fill_(7)
@@ -332,12 +334,12 @@ def test_a_graph_keeps_its_capacities_after_the_caches_dropped_them(replays):
     copies written over, between the replays of a graph captured with capacities."""
     case, t = _case(9)
     for _ in range(3):
-        _permute(t, case)  # (its device copy cached, then a replay that holds it)
+        _permute(t, case)  # (staged, then a device copy and its recording, then a replay)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = _permute(t, case)
     counts = case["tokens_per_expert"]
-    for i in range(300):  # (twice each: a device copy, a replay that holds it)
+    for i in range(300):  # (twice each: staged, then a device copy)
         for _ in range(2):
             _permute(t, dict(case, tokens_per_expert=[n + i % 7 for n in counts[:-1]] + [i]))
     for _ in range(2):
@@ -351,7 +353,7 @@ def test_a_graph_keeps_its_capacities_after_the_caches_dropped_them(replays):
 
 
 def test_cleared_replays_record_anew(replays):
-    """After ``clear()`` a key is new again: a full call, a recorded one, then replays (what
+    """After ``clear()`` a key is new again: a full call that records it, then replays (what
     ``tools/split_rows.py`` relies on when it changes the kernels' settings)."""
     from moe_numba.torch import _replay
 
@@ -361,6 +363,6 @@ def test_cleared_replays_record_anew(replays):
         _permute(t, case)
     assert replays["calls"] == 1
     _replay.PERMUTE.clear()
-    for n in (1, 1, 2):  # full path, recorded, replayed
+    for n in (1, 2, 3):  # full path (its capacities' device copy kept), replayed, replayed
         _assert_outputs(_permute(t, case), expected)
         assert replays["calls"] == n

@@ -288,7 +288,7 @@ def _direct_function(name, of_plan, setup_context, backward, backward_op, direct
 def _permute_of_plan(backend, plan, *inputs):
     """The op's outputs for its arguments ``inputs``: a replay where the call key was recorded
     (grad mode is off inside a Function's forward, so the replays take it), else the direct
-    route's run, which records the key's second call."""
+    route's run, which records the call."""
     arrays = _ops.PermuteArrays(*inputs[:4])
     num_experts, counts, alignment, *flags = inputs[4:]
     values = (num_experts, alignment, *flags)  # (in the order of _core.PERMUTE_SCALARS)

@@ -2,8 +2,8 @@
 
 Taken only when torch would do nothing else with the call (:mod:`._route`). On CUDA tensors
 with ``validate=False`` a call whose key was recorded replays its recording
-(:mod:`._replay`), and the second call of a key is recorded; any other call runs the core on
-the tensors (:func:`._ops.run_on_tensors`), exactly as the custom op's implementation does.
+(:mod:`._replay`), and a key met for the first time is recorded; any other call runs the
+core on the tensors (:func:`._ops.run_on_tensors`), exactly as the custom op's implementation does.
 """
 
 import torch

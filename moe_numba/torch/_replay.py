@@ -2,7 +2,7 @@
 
 Most of a small call's host time goes to the Python between the arguments and the driver:
 dispatch, the cached checks and plans, buffer wrappers, the launch plan's lookups. None of it
-changes while the call's key repeats, so the second call of a key with ``validate=False`` is
+changes while the call's key repeats, so the first call of a key with ``validate=False`` is
 recorded (:class:`moe_numba._gpu.RecordedCall`) and every later one replays it: it allocates
 the recorded outputs (``new_empty``) and scratch (an address from torch's caching allocator,
 given back after the launches) and hands their addresses and the inputs' to one C launch
@@ -17,19 +17,23 @@ shape); every scalar argument by value and exact type (``True`` is not ``1`` her
 capacities included. Any other call takes the full path, which checks everything: arrays
 that are not all contiguous CUDA ``torch.Tensor`` objects, a call that takes the custom op
 (:mod:`._route`), ``validate=True``, capacities that are not a
-list or tuple of ints, a key met for the first time; and so does a replay that finds
-another current device. A call that autograd records replays inside its autograd
+list or tuple of ints, a key met for the first time (recorded); and so does a replay that
+finds another current device. A call that autograd records replays inside its autograd
 ``Function`` (:mod:`._autograd`), whose forward runs with grad mode off.
 
-A training step passes new capacities every call, so a permute's key met for the first time
-has a second chance: the same key with the capacities' row count in their place (the
-kernels' grids and the outputs' shapes depend on the counts only through it). Such a key's
-recording stages its counts (:mod:`moe_numba.runtime._staged`) and so does each of its
-replays, after checking them as the full path does (a list or tuple of ``num_experts`` ints
->= 0); not while the stream is being captured into a CUDA graph, which would read the
-pinned block at every replay of the graph. A graph may also outlive a replay and the device
-copy of its capacities, so a replay that holds one does not run while the stream is being
-captured either: the full path keeps a graph's capacities for good
+A training step passes new capacities every call, so a permute's key (which holds them) is
+met once. The GPU backend stages capacities met for the first time
+(:mod:`moe_numba.runtime._staged`) and gives repeated ones a device copy; a recording of a
+call whose capacities were staged is kept under the "rows key": the call's key with the
+capacities' row count in their place (the kernels' grids and the outputs' shapes depend on
+the counts only through it). A call whose key misses is looked up again by its rows key, and
+such a replay stages its own counts, after checking them as the full path does (a list or
+tuple of ``num_experts`` ints >= 0); not while the stream is being captured into a CUDA
+graph, which would read the pinned block at every replay of the graph. Capacities equal to
+those the replay staged last take the full path instead: repeated (fixed) capacities then
+get a device copy and a recording under their own key. A graph may also outlive a replay
+and the device copy of its capacities, so a replay that holds one does not run while the
+stream is being captured either: the full path keeps a graph's capacities for good
 (:func:`moe_numba.runtime._staged.kept_words`).
 """
 

@@ -88,14 +88,16 @@ cdef class Replay:
         The recorded call, after its op ran.
     recorded : tuple
         ``call.replay(result)``: the C sequence, its kernels' names, the outputs.
+    counts : tuple or None
+        The capacities of the recorded call, where it staged them.
     """
 
-    cdef object _driver, _sequence, _names, _staged
+    cdef object _driver, _sequence, _names, _staged, _last
     cdef tuple _outputs, _allocations, _kept
     cdef int _index, _device_index, _size
     cdef uintptr_t _get_device
 
-    def __init__(self, call, recorded):
+    def __init__(self, call, recorded, counts=None):
         from ..runtime import _launch, _staged  # (numba: loaded by the recorded call already)
 
         driver = _launch._DRIVER
@@ -115,15 +117,20 @@ cdef class Replay:
         self._allocations = tuple(allocations)
         self._device_index = call.like.device.index
         self._index = call.launcher.device  # the current device the launches were made on
-        self._staged = _staged if call.stages else None  # (its stage and release)
+        self._staged = _staged if call.staged else None  # (its stage and release)
+        self._last = counts  # the capacities staged last
         self._kept = tuple(call.kept)  # (the sequence's constant addresses point into these)
 
     cdef object run(self, tuple addresses, object counts):
         """The outputs of a call whose arrays are at ``addresses`` (0 for None), or None where
         it finds another current device or an allocation not 16-byte aligned. A recording
-        that staged its capacities stages ``counts`` (checked ints)."""
+        that staged its capacities stages ``counts`` (checked ints), or returns None for
+        the capacities it staged last: repeated capacities take the full path, which gives
+        them a device copy and a replay of their own."""
         global _runs
         cdef int device = -1
+        if counts is not None and counts == self._last:
+            return None
         if (<DeviceFn>self._get_device)(&device) != 0 or device != self._index:
             return None
         if self._kept and _capturing():  # (a graph would outlive the kept device copy)
@@ -159,6 +166,7 @@ cdef class Replay:
                     stream, addresses + words + (block.ptr,), 0, self._size
                 )
                 self._staged.release(block, pool, stream)
+                self._last = counts
         finally:  # (stream-ordered: reused only by later work on this stream)
             for word in scratch:
                 _raw_delete(word)
@@ -213,7 +221,7 @@ cdef class ReplayedOp:
     cdef tuple _differentiable
     cdef bint _counted
     cdef Py_ssize_t _validate, _override, _experts, _alignment
-    cdef object _replays, _seen  # BoundedCache: keys -> replays; keys met once
+    cdef object _replays  # BoundedCache: keys -> replays
     cdef dict _found  # the replays' entries (looked up here, put through the cache)
 
     def __init__(self, run, names, differentiable=(), counted=False):
@@ -227,7 +235,6 @@ cdef class ReplayedOp:
             self._experts = names.index("num_experts")
             self._alignment = names.index("padding_alignment")
         self._replays = BoundedCache(256)
-        self._seen = BoundedCache(256)
         self._found = self._replays.entries
 
     cdef object _key(self, tuple arrays, tuple values, object tokens_per_expert):
@@ -265,11 +272,10 @@ cdef class ReplayedOp:
         )
 
     def clear(self):
-        """Forget every replay and every key met: the next calls take the full path and
-        record anew (a tool that changes the kernels' module settings between calls needs
-        this, since a replay keeps the launches it recorded)."""
+        """Forget every replay: the next calls take the full path and record anew (a tool
+        that changes the kernels' module settings between calls needs this, since a replay
+        keeps the launches it recorded)."""
         self._replays.clear()
-        self._seen.clear()
 
     def key(self, arrays, tuple values, tokens_per_expert=None):
         """``(key, addresses, rows key)`` of a call that a replay may repeat, else None. The
@@ -295,25 +301,21 @@ cdef class ReplayedOp:
 
     def run(self, backend, plan, arrays, scalars, tokens_per_expert=None):
         """The outputs of a checked call with ``validate=False`` (``arrays``: the op's
-        NamedTuple, ``scalars``: its dict): recorded, and its replay kept, when its key, or
-        else its rows key, is met the second time (never while the stream is being
-        captured: its capacities are kept for the graph, not for eager calls)."""
+        NamedTuple, ``scalars``: its dict), recorded, and its replay kept for later calls
+        (never while the stream is being captured: its capacities are kept for the graph,
+        not for eager calls). A recording whose capacities the backend staged (met for the
+        first time) is kept under the rows key, so that new capacities of the same row
+        count replay it; any other under the call's key."""
         found = self._key(tuple(arrays), tuple(scalars.values()), tokens_per_expert)
         if found is None or _capturing():
             return self._run(backend, plan, arrays, None)
         key, _, rows_key = found
-        stages = False
-        if self._seen.get(key) is None:
-            self._seen.put(key, True)
-            key, stages = rows_key, True
-            if key is not None and self._seen.get(key) is None:
-                self._seen.put(key, True)
-                key = None
-        if key is None:
-            return self._run(backend, plan, arrays, None)
-        call = RecordedCall(arrays, stages=stages)
+        call = RecordedCall(arrays)
         outputs = self._run(backend, plan, arrays, call)
         recorded = call.replay(outputs)
         if recorded is not None:
-            self._replays.put(key, Replay(call, recorded))
+            if call.staged:
+                self._replays.put(rows_key, Replay(call, recorded, key[3]))
+            else:
+                self._replays.put(key, Replay(call, recorded))
         return outputs
