@@ -174,7 +174,7 @@ class _GPUBackend:
         give the memory back)."""
         self._capacities.clear()
         for planner in (self._permute, self._unpermute, self._unpermute_backward):
-            planner.forget_launch_plans()
+            planner.LAUNCH_PLANS.clear()
 
     def _capacities_on_device(self, call, capacities, capturing, key=None):
         """The buffer of an int64 host array the kernels read (``tokens_per_expert``;

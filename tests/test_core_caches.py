@@ -37,8 +37,8 @@ def test_clear_forgets_the_gpu_backends_plans_and_copies():
     for _ in range(2):  # (capacities met a second time get a device copy)
         moe_permute(x, None, routes, probs, 2, [2, 2], 1)
     backend = _gpu.loaded_backend()
-    assert len(PM._LAUNCHES) > 0 and len(backend._capacities) == 1
+    assert len(PM.LAUNCH_PLANS) > 0 and len(backend._capacities) == 1
     _core.clear()
-    assert len(PM._LAUNCHES) == 0 and len(backend._capacities) == 0
+    assert len(PM.LAUNCH_PLANS) == 0 and len(backend._capacities) == 0
     rows = moe_permute(x, None, routes, probs, 2, [2, 2], 1)[0]
-    assert rows.shape == (4, 2) and len(PM._LAUNCHES) == 1
+    assert rows.shape == (4, 2) and len(PM.LAUNCH_PLANS) == 1

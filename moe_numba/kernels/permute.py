@@ -106,12 +106,9 @@ class _Launches(NamedTuple):
     counted: int  # the launches up to the scan (the status words are final after them)
 
 
-_LAUNCHES = BoundedCache(1024)  # token counts vary between calls
-
-
-def forget_launch_plans():
-    """Forget the planned launches of every call key (they follow the module's settings)."""
-    _LAUNCHES.clear()
+# call key -> planned launches (they follow the module's settings; the GPU backend's clear()
+# empties it); token counts vary between calls
+LAUNCH_PLANS = BoundedCache(1024)
 
 
 def _row_parts(T, hnw):
@@ -265,9 +262,9 @@ def run(plan, buffers, validate, alloc, stream):
     indices = b.out_indices is not None
     ends = b.out_offsets is not None
     key = (T, K, E, R, hw, hnw, sw, snw, bits, validate, plan.alignment, override, indices, ends)
-    go = _LAUNCHES.get(key)
+    go = LAUNCH_PLANS.get(key)
     if go is None:
-        go = _LAUNCHES.put(key, _plan_launches(*key))
+        go = LAUNCH_PLANS.put(key, _plan_launches(*key))
 
     launch = launcher_for(stream)
     status = StatusWords(launch, _abi.PERMUTE_STATUS_LEN) if validate else None

@@ -81,12 +81,9 @@ class _Launches(NamedTuple):
     pw: int  # words per part of a row
 
 
-_LAUNCHES = BoundedCache(1024)  # token counts vary between calls
-
-
-def forget_launch_plans():
-    """Forget the planned launches of every call key (they follow the module's settings)."""
-    _LAUNCHES.clear()
+# call key -> planned launches (they follow the module's settings; the GPU backend's clear()
+# empties it); token counts vary between calls
+LAUNCH_PLANS = BoundedCache(1024)
 
 
 def _row_parts(T, words):
@@ -180,9 +177,9 @@ def run(plan, buffers, validate, alloc, stream, slots=SLOT_PROBS):
     bits = 8 * b.routemap_itemsize
     key = (T, plan.num_experts, plan.topk, plan.hidden, width, plan.data_type, plan.weighted)
     key += (plan.mix_precision, bits, validate, slots)
-    go = _LAUNCHES.get(key)
+    go = LAUNCH_PLANS.get(key)
     if go is None:
-        go = _LAUNCHES.put(key, _plan_launches(*key))
+        go = LAUNCH_PLANS.put(key, _plan_launches(*key))
 
     launch = launcher_for(stream)
     word = WORD_DTYPE[width]

@@ -90,12 +90,9 @@ class _Launches(NamedTuple):
     scratch: tuple  # (count, dtype) of each scratch part: owner, dups
 
 
-_LAUNCHES = BoundedCache(1024)  # token counts vary between calls
-
-
-def forget_launch_plans():
-    """Forget the planned launches of every call key (they follow the module's settings)."""
-    _LAUNCHES.clear()
+# call key -> planned launches (they follow the module's settings; the GPU backend's clear()
+# empties it); token counts vary between calls
+LAUNCH_PLANS = BoundedCache(1024)
 
 
 def _zero_workers(R, slots):
@@ -179,9 +176,9 @@ def run(plan, buffers, validate, alloc, stream):
     width = max(esize, width)
     bits = 8 * b.routemap_itemsize
     key = (T, E, K, R, H, width, data_type, weighted, dot, bits, validate)
-    go = _LAUNCHES.get(key)
+    go = LAUNCH_PLANS.get(key)
     if go is None:
-        go = _LAUNCHES.put(key, _plan_launches(*key))
+        go = LAUNCH_PLANS.put(key, _plan_launches(*key))
 
     launch = launcher_for(stream)
     word = WORD_DTYPE[width]
