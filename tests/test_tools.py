@@ -21,10 +21,10 @@ def test_tool_imports(name, monkeypatch):
     assert callable(module.main)
 
 
-def test_forget_replays_clears_every_op(monkeypatch):
+def test_clear_forgets_every_replay_and_the_cores_calls(monkeypatch):
     """What the tools call between settings: every replayed op's ``clear`` (the compiled
-    replays, or their stand-ins where the extension is not built); that a cleared key records
-    anew is checked on a GPU, in test_torch_replay."""
+    replays, or their stand-ins where the extension is not built) and the core's; that a
+    cleared key records anew is checked on a GPU, in test_torch_replay."""
     pytest.importorskip("torch")
     from moe_numba.torch import _replay
 
@@ -38,8 +38,9 @@ def test_forget_replays_clears_every_op(monkeypatch):
             cleared.append(self.name)
 
     monkeypatch.setattr(_replay, "OPS", (Op("a"), Op("b")))
-    _replay.forget()
-    assert sorted(cleared) == ["a", "b"]
+    monkeypatch.setattr(_replay._core, "clear", lambda: cleared.append("core"))
+    _replay.clear()
+    assert sorted(cleared) == ["a", "b", "core"]
 
 
 def test_the_replayed_ops_can_be_cleared():

@@ -41,7 +41,11 @@ class _ReplaysRun:
 
 @pytest.fixture
 def replays():
-    """Counts of the replays that ran during the test."""
+    """Counts of the replays that ran during the test, which starts with nothing recorded
+    and no capacities met (the schedule of recordings depends on both)."""
+    from moe_numba.torch import _replay
+
+    _replay.clear()
     return _ReplaysRun()
 
 
@@ -362,7 +366,7 @@ def test_cleared_replays_record_anew(replays):
     for _ in range(3):
         _permute(t, case)
     assert replays["calls"] == 1
-    _replay.PERMUTE.clear()
+    _replay.PERMUTE.clear()  # (the backend keeps its device copy of the capacities)
     for n in (1, 2, 3):  # full path (its capacities' device copy kept), replayed, replayed
         _assert_outputs(_permute(t, case), expected)
         assert replays["calls"] == n

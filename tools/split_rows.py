@@ -23,7 +23,6 @@ import sys
 import torch
 
 import moe_numba
-from moe_numba import _core
 from moe_numba.kernels import permute as PM
 from moe_numba.kernels import unpermute as UP
 from moe_numba.torch import _replay
@@ -110,8 +109,7 @@ def sweep(label, module, name, settings, shapes, ops):
 
 def _forget():
     """Drop every launch plan and replay: both depend on the setting."""
-    _core.clear()
-    _replay.forget()
+    _replay.clear()
 
 
 def main(names):

@@ -84,8 +84,11 @@ UNPERMUTE_BACKWARD = _Op(_op("unpermute_backward"), _core.UNPERMUTE_BACKWARD_SCA
 OPS = (PERMUTE, UNPERMUTE, PERMUTE_BACKWARD, UNPERMUTE_BACKWARD)
 
 
-def forget():
-    """Forget every op's replays and keys met (tools that change the kernels' module
-    settings between calls: a replay keeps the launches it recorded)."""
+def clear():
+    """Forget every op's replays and what the core keeps per call (:func:`moe_numba._core.clear`):
+    the next calls plan, record and upload anew (tools that change the kernels' module
+    settings between calls, since a replay keeps the launches it recorded; tests that need
+    calls met for the first time)."""
+    _core.clear()
     for op in OPS:
         op.clear()
