@@ -79,8 +79,12 @@ _Op = _Unrecorded if ReplayedOp is None else ReplayedOp
 # (the differentiable arrays: the rows and the probabilities, as _calls routes them)
 PERMUTE = _Op(_permute, _core.PERMUTE_SCALARS, differentiable=(0, 3), counted=True)
 UNPERMUTE = _Op(_op("unpermute"), _core.UNPERMUTE_SCALARS, differentiable=(0, 3))
-PERMUTE_BACKWARD = _Op(_op("permute_backward"), _core.PERMUTE_BACKWARD_SCALARS)
-UNPERMUTE_BACKWARD = _Op(_op("unpermute_backward"), _core.UNPERMUTE_BACKWARD_SCALARS)
+PERMUTE_BACKWARD = _Op(
+    _op("permute_backward"), _core.PERMUTE_BACKWARD_SCALARS, differentiable=(0, 1)
+)
+UNPERMUTE_BACKWARD = _Op(
+    _op("unpermute_backward"), _core.UNPERMUTE_BACKWARD_SCALARS, differentiable=(0, 1, 2, 5)
+)
 OPS = (PERMUTE, UNPERMUTE, PERMUTE_BACKWARD, UNPERMUTE_BACKWARD)
 
 

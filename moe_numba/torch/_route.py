@@ -42,14 +42,21 @@ _functorch_interpreters = retrieve_all_functorch_interpreters
 _TRANSFORM = torch._C._functorch.TransformType
 
 
+def eager():
+    """Whether the thread is in plain eager execution: the first half of :func:`direct`, all
+    that a replay needs (a replay's key holds its tensors' exact type and device)."""
+    return not (
+        _compiling()  # (first: dynamo traces this function, and reads no further)
+        or _include().raw_repr() & _OTHER_KEYS
+        or _function_mode()
+        or forward_ad._current_level >= 0
+    )
+
+
 def direct(arrays):
     """Whether a call on ``arrays`` (tensors or None) may skip the dispatcher: torch would do
     nothing else with it (see the module docstring)."""
-    if _compiling():  # (first: dynamo traces this function, and reads no further)
-        return False
-    if _include().raw_repr() & _OTHER_KEYS:
-        return False
-    if _function_mode() or forward_ad._current_level >= 0:
+    if not eager():
         return False
     for x in arrays:
         if type(x) is _Tensor:
