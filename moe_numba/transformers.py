@@ -281,16 +281,16 @@ def merged_routing(
         it summed.
     """
     ids = _contiguous(top_k_index)
-    probs = top_k_weights.to(torch.float32)
-    if ids.shape[1] > 1:
-        # same[t, k, j]: slots k and j name one expert; each slot takes the sum of the
-        # weights of its expert's slots (in slot order, zeros in between: exact for a slot
-        # that shares its expert with none), and a slot whose expert an earlier slot named
-        # becomes -1 (its sum then reaches nothing)
-        same = ids[:, :, None] == ids[:, None, :]
-        probs = torch.where(same, probs[:, None, :], 0.0).sum(2)
-        ids = torch.where(same.tril(-1).any(2), -1, ids)
-    return ids, _contiguous(probs)
+    if ids.shape[1] == 1:
+        return ids, _contiguous(_as(top_k_weights, torch.float32))
+    # same[t, k, j]: slots k and j name one expert; each slot takes the sum of the weights of
+    # its expert's slots, in float32 (each weight widened exactly; slot order, zeros in
+    # between: exact for a slot that shares its expert with none), and a slot whose expert
+    # an earlier slot named becomes -1 (its sum then reaches nothing)
+    same = ids[:, :, None] == ids[:, None, :]
+    probs = torch.where(same, top_k_weights[:, None, :], 0.0).sum(2, dtype=torch.float32)
+    ids = torch.where(same.tril(-1).any(2), -1, ids)
+    return ids, probs
 
 
 def _as(tensor, dtype):
