@@ -137,7 +137,7 @@ SORT_CHUNKS = CallCache(check_sort_metadata)
 def clear():
     """Forget every prepared call of every op, the capacities planned for them and, where
     the GPU backend is loaded, its launch plans and device copies of capacities (the torch
-    integration's recorded calls are :func:`moe_numba.torch._replay.forget`'s)."""
+    integration's recorded calls and this are :func:`moe_numba.torch._replay.clear`'s)."""
     for calls in (PERMUTE, UNPERMUTE, PERMUTE_BACKWARD, UNPERMUTE_BACKWARD, SORT_CHUNKS):
         calls.clear()
     forget_capacity_plans()
