@@ -338,12 +338,28 @@ def _grouped_mm_runs(rows, weight):
     """Whether torch._grouped_mm takes these operands."""
     if not hasattr(torch, "_grouped_mm") or rows.dtype not in _GROUPED_MM_DTYPES:
         return False
-    if weight.device.type == "cuda" and torch.cuda.get_device_capability(weight.device) < (8, 0):
+    if weight.device.type == "cuda" and not _ampere_or_newer(weight.device.index):
         return False
     size = rows.element_size()
     # the output's rows (and the backward's gradient rows) are weight.shape[-1] wide
     strides = (*rows.stride(), *weight.stride(), weight.shape[-1])
     return all(s == 1 or (s * size) % 16 == 0 for s in strides)
+
+
+_AMPERE_OR_NEWER: dict[int, bool] = {}  # CUDA device index -> compute capability >= 8.0
+
+
+def _ampere_or_newer(index):
+    """Whether CUDA device ``index`` has compute capability 8.0 or more: asked of torch once
+    per device (it reads the device's properties anew at every call, and a layer asks twice).
+    While dynamo traces, torch is asked (the answer is a constant of the graph; the cache
+    must not change under a trace)."""
+    if torch.compiler.is_compiling():
+        return torch.cuda.get_device_capability(index) >= (8, 0)
+    found = _AMPERE_OR_NEWER.get(index)
+    if found is None:
+        found = _AMPERE_OR_NEWER[index] = torch.cuda.get_device_capability(index) >= (8, 0)
+    return found
 
 
 def _looped_mm(rows, weight, offsets):

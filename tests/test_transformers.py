@@ -500,3 +500,21 @@ def test_compile_first_in_a_fresh_process():
     """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_compute_capability_is_asked_once_per_device(monkeypatch):
+    """torch._grouped_mm needs compute capability 8.0: the layer asks torch once per device
+    (not twice per call), and asks it afresh while dynamo traces (nothing cached then)."""
+    asked = []
+
+    def capability(index):
+        asked.append(index)
+        return {0: (9, 0), 1: (7, 5)}[index]
+
+    monkeypatch.setattr(mt.torch.cuda, "get_device_capability", capability)
+    monkeypatch.setattr(mt, "_AMPERE_OR_NEWER", {})
+    assert [mt._ampere_or_newer(i) for i in (0, 1, 0, 1, 0)] == [True, False, True, False, True]
+    assert asked == [0, 1]
+    monkeypatch.setattr(mt.torch.compiler, "is_compiling", lambda: True)
+    assert mt._ampere_or_newer(1) is False and mt._ampere_or_newer(0) is True
+    assert asked == [0, 1, 1, 0] and mt._AMPERE_OR_NEWER == {0: True, 1: False}
