@@ -130,10 +130,12 @@ cdef struct Plan:
     int64_t* chunk_status
     # count: per thread, the last token that named each expert [nthreads, E]
     int64_t* seen
-    # scan: count c_e, capacity n_e and first row offset_e (saturated) per expert
+    # scan: count c_e, capacity n_e and first row offset_e (saturated) per expert, and the
+    # rows all experts need (saturated)
     int64_t* count
     int64_t* capacity
     int64_t* offset
+    int64_t total
     # place: the slot t*K+k that fills each row, -1 for an unfilled row
     int64_t* source
     # place: the row that each slot t*K+k fills, -1 for none
@@ -223,20 +225,18 @@ cdef void _scan(Plan* p, const int64_t* capacity, int64_t* status) noexcept nogi
         p.offset[e] = total
         tmp = _padded(n, p.A)
         total = INT64_MAX if tmp > INT64_MAX - total else total + tmp
+    p.total = total
     if capacity == NULL and total > p.R:
         status[PERMUTE_ROWS_NEEDED] = total
 
 
 cdef void _block_ends(Plan* p, int32_t* ends) noexcept nogil:
-    """ends[e] = min(offset_e + padded_e, R): where expert e's block ends (offsets saturate,
-    so compare with R - offset)."""
-    cdef int64_t e, padded
+    """ends[e] = min(offset_e + padded_e, R): where expert e's block ends, which is where the
+    next one starts (the scan's saturated offsets; the total for the last)."""
+    cdef int64_t e, end
     for e in range(p.E):
-        padded = _padded(p.capacity[e], p.A)
-        if p.offset[e] >= p.R or padded >= p.R - p.offset[e]:
-            ends[e] = <int32_t>p.R
-        else:
-            ends[e] = <int32_t>(p.offset[e] + padded)
+        end = p.offset[e + 1] if e + 1 < p.E else p.total
+        ends[e] = <int32_t>min(end, p.R)
 
 
 cdef void _place(Plan* p, const index_t* routemap, int32_t* rowmap, int nthreads) noexcept nogil:
