@@ -139,11 +139,10 @@ def place(
     return d
 
 
-def make_items(key, warps):
-    """The gather's work as a device function, for blocks of ``warps`` warps: hidden words
-    of ``key.hidden_word`` bytes, scale words of ``key.scale_word`` and ``key.batch`` hidden
-    words per thread at a time. Its parameters are the gather kernel's, then the block's
-    shared ``dest`` (``warps`` x LANES int64) and ``box`` (``warps`` int64).
+def _make_gather(key):
+    """The gather kernel of ``key``, for blocks of WARPS warps: hidden words of
+    ``key.hidden_word`` bytes, scale words of ``key.scale_word`` and ``key.batch`` hidden
+    words per thread at a time.
 
     Every warp is a worker that takes items (padding workers first, then tokens) in grid
     stride. A token's warp loads the first ``nb * LANES`` words of its hidden row (the whole
@@ -161,7 +160,7 @@ def make_items(key, warps):
     lo_t = _copy.WORD_TYPE[hw]
     slo_t = _copy.WORD_TYPE[sw]
 
-    def items(
+    def gather(
         hidden,
         scale,
         routemap,
@@ -187,17 +186,17 @@ def make_items(key, warps):
         nparts,
         pw,
         pad_rows,
-        dest,
-        box,
     ):
+        dest = cuda.shared.array((WARPS, LANES), int64)  # a warp's rows: a token's, or padding
+        box = cuda.shared.array(WARPS, int64)  # a warp's word for last_at_most
         lo = cuda.local.array(nb, lo_t)
         hi = cuda.local.array(nb, uint64)
         slo = cuda.local.array(1, slo_t)  # a scale word
         shi = cuda.local.array(1, uint64)
         lane = int64(cuda.threadIdx.x) % LANES
         wb = int64(cuda.threadIdx.x) // LANES
-        item = int64(cuda.blockIdx.x) * warps + wb
-        stride = int64(cuda.gridDim.x) * warps
+        item = int64(cuda.blockIdx.x) * WARPS + wb
+        stride = int64(cuda.gridDim.x) * WARPS
         while item < npw + T * nparts:
             if item >= npw:
                 t = (item - npw) // nparts
@@ -307,72 +306,6 @@ def make_items(key, warps):
                     syncwarp()  # (dest is rewritten next)
                     p0 += step
             item += stride
-
-    return device(items)
-
-
-def _make_gather(key):
-    """The gather kernel of ``key`` (:func:`make_items`, WARPS warps a block)."""
-    items = make_items(key, WARPS)
-
-    def gather(
-        hidden,
-        scale,
-        routemap,
-        probs,
-        slot_rank,
-        counts,
-        offsets,
-        lim,
-        padbase,
-        out_hidden,
-        out_scale,
-        rowmap,
-        out_probs,
-        out_indices,
-        T,
-        K,
-        E,
-        npw,
-        hnw,
-        snw,
-        has_indices,
-        ct,
-        nparts,
-        pw,
-        pad_rows,
-    ):
-        dest = cuda.shared.array((WARPS, LANES), int64)  # a warp's rows: a token's, or padding
-        box = cuda.shared.array(WARPS, int64)  # a warp's word for last_at_most
-        items(
-            hidden,
-            scale,
-            routemap,
-            probs,
-            slot_rank,
-            counts,
-            offsets,
-            lim,
-            padbase,
-            out_hidden,
-            out_scale,
-            rowmap,
-            out_probs,
-            out_indices,
-            T,
-            K,
-            E,
-            npw,
-            hnw,
-            snw,
-            has_indices,
-            ct,
-            nparts,
-            pw,
-            pad_rows,
-            dest,
-            box,
-        )
 
     return gather
 
