@@ -67,3 +67,56 @@ def test_the_command_line_lists_the_layer_bench(capsys):
     with pytest.raises(SystemExit):
         command_line(["--help"])
     assert "layer" in capsys.readouterr().out
+
+
+def test_the_permute_and_unpermute_are_timed_beside_a_copy_of_their_bytes(monkeypatch):
+    """The copy moves what the layer's permute and unpermute move (docs: bench/_bytes.py):
+    (T + TK) + (TK + T) rows forward, 4T + 5TK with backward (the layer's buffer is
+    unpadded); the timed call runs both ops, and their backward when a gradient is given."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import types
+
+    from moe_numba import transformers as backend
+    from moe_numba.bench import _target, _timers
+
+    copies, runs = [], []
+
+    class Timer:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def gpu_us(self, fn):
+            runs.append(fn)
+            fn()
+            return float(len(runs))
+
+    class Target:
+        def __init__(self, library):
+            assert library == "torch"
+
+        def copier(self, nbytes):
+            copies.append(nbytes)
+            return lambda: None
+
+    monkeypatch.setattr(_timers, "CudaTimer", Timer)
+    monkeypatch.setattr(_target, "CudaTarget", Target)
+    T, H, E, K = 16, 64, 8, 2
+    x = torch.randn(T, H, dtype=torch.bfloat16)
+    weights, index = torch.topk(torch.randn(T, E).softmax(-1), K, dim=-1)
+    args = types.SimpleNamespace(iters=1, warmup=0)
+    assert _layer._against_copy(torch, backend, x, index, weights, E, None, args) == (1.0, 2.0)
+    grad = torch.randn(T, H, dtype=torch.bfloat16)
+    permuted_rows = []
+    real = backend.permute_routes
+
+    def permute_routes(rows, *rest):
+        permuted_rows.append(rows)
+        return real(rows, *rest)
+
+    monkeypatch.setattr(backend, "permute_routes", permute_routes)
+    _layer._against_copy(torch, backend, x, index, weights, E, grad, args)
+    rows = 2 * (T + T * K), 4 * T + 5 * T * K
+    assert copies == [n * H * 2 for n in rows]
+    # every timed call's rows got their gradient: the backward ran
+    assert permuted_rows and all(r.grad is not None for r in permuted_rows)
