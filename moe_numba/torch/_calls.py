@@ -8,7 +8,7 @@ replay            plain eager execution                        the recorded laun
                   recorded (plain CUDA tensors,                (:mod:`._replay`)
                   ``validate=False``), autograd not recording
 direct            torch would do nothing else with the call    the op's implementation on its
-                  (:func:`._route.direct`)                     checked plan; autograd records it
+                  (:func:`._route.eager`, ``plain_tensors``)   checked plan; autograd records it
                                                                through a ``Function`` made of
                                                                the op's own autograd functions
 custom op         anything else: ``jit.trace``, ``make_fx``,   ``torch.ops.moe_numba.*``: torch
@@ -30,7 +30,7 @@ from .._capacities import capacities_from
 from . import _direct, _ops, _replay, _sort_chunks
 from ._autograd import DirectPermute, DirectUnpermute
 from ._direct import check_all_tensors
-from ._route import direct, eager, refuse_unsupported
+from ._route import eager, plain_tensors, refuse_unsupported
 
 _grad_enabled = torch.is_grad_enabled
 _Tensor = torch.Tensor
@@ -52,11 +52,12 @@ def _recorded(arrays, differentiable):
 def permute(arrays, values, tokens_per_expert):
     """:func:`moe_numba.moe_permute` on torch tensors (``arrays``: its PermuteArrays;
     ``values``: its scalar arguments, in the order of ``_core.PERMUTE_SCALARS``)."""
-    if eager():
+    fast = eager()  # (then the replay, else the direct route, may skip the dispatcher)
+    if fast:
         outputs = _replay.PERMUTE(arrays, values, tokens_per_expert)  # (None if recorded)
         if outputs is not None:
             return outputs
-    if direct(arrays):
+    if fast and plain_tensors(arrays):
         recorded = _recorded(arrays, (0, 3))
         scalars = _core.permute_scalars(*values)
         backend, plan = _direct.planned_permute(arrays, scalars, tokens_per_expert)
@@ -102,11 +103,12 @@ def _op_scalars(values, capacities):
 def unpermute(arrays, values):
     """:func:`moe_numba.moe_unpermute` on torch tensors (``values`` in the order of
     ``_core.UNPERMUTE_SCALARS``)."""
-    if eager():
+    fast = eager()
+    if fast:
         outputs = _replay.UNPERMUTE(arrays, values)  # (None if autograd records the call)
         if outputs is not None:
             return outputs
-    if direct(arrays):
+    if fast and plain_tensors(arrays):
         recorded = _recorded(arrays, (0, 3))
         scalars = _core.unpermute_scalars(*values)
         backend, plan = _direct.planned_unpermute(arrays, scalars)
@@ -120,11 +122,12 @@ def unpermute(arrays, values):
 
 def permute_backward(arrays, values):
     """:func:`moe_numba.moe_permute_backward` on torch tensors."""
-    if eager():
+    fast = eager()
+    if fast:
         outputs = _replay.PERMUTE_BACKWARD(arrays, values)  # (None if autograd records it)
         if outputs is not None:
             return outputs
-    if direct(arrays) and not _recorded(arrays, (0, 1)):
+    if fast and plain_tensors(arrays) and not _recorded(arrays, (0, 1)):
         return _direct.permute_backward(arrays, values)
     refuse_unsupported("moe_permute_backward", arrays)
     check_all_tensors(arrays)
@@ -137,11 +140,12 @@ def permute_backward(arrays, values):
 
 def unpermute_backward(arrays, values):
     """:func:`moe_numba.moe_unpermute_backward` on torch tensors."""
-    if eager():
+    fast = eager()
+    if fast:
         outputs = _replay.UNPERMUTE_BACKWARD(arrays, values)  # (None if autograd records it)
         if outputs is not None:
             return outputs
-    if direct(arrays) and not _recorded(arrays, (0, 1, 2, 5)):
+    if fast and plain_tensors(arrays) and not _recorded(arrays, (0, 1, 2, 5)):
         return _direct.unpermute_backward(arrays, values)
     refuse_unsupported("moe_unpermute_backward", arrays)
     check_all_tensors(arrays)

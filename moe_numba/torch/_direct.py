@@ -3,7 +3,8 @@
 Taken only when torch would do nothing else with the call (:mod:`._route`). On CUDA tensors
 with ``validate=False`` a call whose key was recorded replays its recording
 (:mod:`._replay`), and a key met for the first time is recorded; any other call runs the
-core on the tensors (:func:`._ops.run_on_tensors`), exactly as the custom op's implementation does.
+core on the tensors (:func:`._ops.run_on_tensors`), exactly as the custom op's implementation
+does.
 """
 
 import torch
@@ -80,7 +81,8 @@ def unpermute(backend, plan, arrays, scalars):
 
 
 def permute_backward(arrays, values):
-    """``moe_permute_backward``'s outputs (None for an absent gradient) on tensors."""
+    """``moe_permute_backward``'s outputs (None for an absent gradient) on tensors, for a
+    call whose replay was asked first (as for :func:`permute`)."""
     return _gradient(
         _replay.PERMUTE_BACKWARD,
         _core.PERMUTE_BACKWARD_SCALARS,
@@ -92,7 +94,8 @@ def permute_backward(arrays, values):
 
 
 def unpermute_backward(arrays, values):
-    """``moe_unpermute_backward``'s outputs (None for an absent gradient) on tensors."""
+    """``moe_unpermute_backward``'s outputs (None for an absent gradient) on tensors, for a
+    call whose replay was asked first."""
     return _gradient(
         _replay.UNPERMUTE_BACKWARD,
         _core.UNPERMUTE_BACKWARD_SCALARS,
@@ -104,10 +107,8 @@ def unpermute_backward(arrays, values):
 
 
 def _gradient(replays, names, planned, run, arrays, values):
-    """A gradient op on tensors: its replay, or its checked plan run (and recorded)."""
-    outputs = replays(arrays, values)
-    if outputs is not None:
-        return outputs
+    """A gradient op on tensors that no replay repeated: its checked plan run (and
+    recorded)."""
     scalars = dict(zip(names, values, strict=True))
     backend, plan = _planned(planned, arrays, scalars)
     validate = scalars["validate"]
@@ -121,12 +122,17 @@ def _gradient(replays, names, planned, run, arrays, values):
 
 
 def permute_backward_of(grad_rows, grad_probs, rowmap, routemap, validate):
-    """:func:`permute_backward` with ``moe_numba::permute_backward``'s arguments."""
+    """:func:`permute_backward` with ``moe_numba::permute_backward``'s arguments: its
+    replay, else its checked plan."""
     arrays = PermuteBackwardArrays(grad_rows, grad_probs, rowmap, routemap)
-    return permute_backward(arrays, (validate,))
+    values = (validate,)
+    outputs = _replay.PERMUTE_BACKWARD(arrays, values)
+    return permute_backward(arrays, values) if outputs is None else outputs
 
 
 def unpermute_backward_of(grad_out, grad_slots, rows, rowmap, routemap, probs, *values):
-    """:func:`unpermute_backward` with ``moe_numba::unpermute_backward``'s arguments."""
+    """:func:`unpermute_backward` with ``moe_numba::unpermute_backward``'s arguments: its
+    replay, else its checked plan."""
     arrays = UnpermuteBackwardArrays(grad_out, grad_slots, rows, rowmap, routemap, probs)
-    return unpermute_backward(arrays, values)
+    outputs = _replay.UNPERMUTE_BACKWARD(arrays, values)
+    return unpermute_backward(arrays, values) if outputs is None else outputs

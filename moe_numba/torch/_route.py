@@ -43,8 +43,9 @@ _TRANSFORM = torch._C._functorch.TransformType
 
 
 def eager():
-    """Whether the thread is in plain eager execution: the first half of :func:`direct`, all
-    that a replay needs (a replay's key holds its tensors' exact type and device)."""
+    """Whether the thread is in plain eager execution (see the module docstring): all that a
+    replay needs (a replay's key holds its tensors' exact type and device); a direct call
+    needs :func:`plain_tensors` too."""
     return not (
         _compiling()  # (first: dynamo traces this function, and reads no further)
         or _include().raw_repr() & _OTHER_KEYS
@@ -53,11 +54,10 @@ def eager():
     )
 
 
-def direct(arrays):
-    """Whether a call on ``arrays`` (tensors or None) may skip the dispatcher: torch would do
-    nothing else with it (see the module docstring)."""
-    if not eager():
-        return False
+def plain_tensors(arrays):
+    """Whether every tensor of ``arrays`` (tensors or None) is a plain ``torch.Tensor`` on the
+    CPU or a CUDA device: with :func:`eager`, a call on them may skip the dispatcher (torch
+    would do nothing else with it; see the module docstring)."""
     for x in arrays:
         if type(x) is _Tensor:
             if not (x.is_cuda or x.is_cpu):
