@@ -97,19 +97,14 @@ def sweep(label, module, name, settings, shapes, ops):
                 ref, row = None, []
                 for value in settings:
                     setattr(module, name, value)
-                    _forget()
+                    _replay.clear()  # (launch plans and replays follow the setting)
                     out = fns[op]()
                     ref = out if ref is None else ref
                     row.append(gpu_figure(fns[op]) + ("" if same(out, ref) else " DIFF"))
                 print(f"  T={T:5d} A={A:3d} {op:12s} " + " ".join(row), flush=True)
     finally:
         setattr(module, name, saved)
-        _forget()
-
-
-def _forget():
-    """Drop every launch plan and replay: both depend on the setting."""
-    _replay.clear()
+        _replay.clear()
 
 
 def main(names):
