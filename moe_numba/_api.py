@@ -1,40 +1,19 @@
-"""The public ``moe_permute`` and ``moe_unpermute``: torch tensors to the torch integration,
-every other array kind to the core (:mod:`moe_numba._core`)."""
+"""The public ``moe_permute`` and ``moe_unpermute``: each builds its op's arrays and scalars
+(:mod:`._ops`) and hands them to the front of the arrays' library (:mod:`._fronts`)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
-from . import _core
-from ._contract import PermuteArrays, UnpermuteArrays
+from ._contract import PermuteArrays, PermuteScalars, UnpermuteArrays, UnpermuteScalars
+from ._fronts import front_of
+from ._ops import PERMUTE, UNPERMUTE
 
 Array: TypeAlias = Any
 """A NumPy array, or a CUDA array: numba device array, CuPy array, PyTorch CUDA tensor or any
-object with ``__cuda_array_interface__``. Outputs are of the caller's kind."""
-
-
-_TORCH_CALLS = "moe_numba.torch._calls"
-
-
-def torch_calls(arrays):
-    """:mod:`moe_numba.torch._calls` when a torch tensor is among ``arrays``, else None
-    (torch is never imported for the answer; the integration is imported on the first call
-    that needs it)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    tensor = torch.Tensor
-    for x in arrays:
-        if isinstance(x, tensor):
-            # a dict lookup once imported; an import while dynamo traces (it would guard on
-            # the lookup, which the import then changes)
-            calls = None if torch.compiler.is_compiling() else sys.modules.get(_TORCH_CALLS)
-            if calls is None:
-                from .torch import _calls as calls
-            return calls
-    return None
+object with ``__cuda_array_interface__``; or a PyTorch CPU tensor. Outputs are of the
+caller's kind."""
 
 
 def moe_permute(
@@ -144,22 +123,17 @@ def moe_permute(
            [ 1,  3, -1]], dtype=int32)
     """
     arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
-    values = (
-        num_experts,
-        padding_alignment,
-        do_gather,
-        using_ue8m0_scale,
-        return_expert_indices,
-        override_buffer_size,
-        validate,
-        return_expert_offsets,
+    scalars = PermuteScalars(
+        num_experts=num_experts,
+        padding_alignment=padding_alignment,
+        do_gather=do_gather,
+        using_ue8m0_scale=using_ue8m0_scale,
+        return_expert_indices=return_expert_indices,
+        override_buffer_size=override_buffer_size,
+        validate=validate,
+        return_expert_offsets=return_expert_offsets,
     )
-    calls = torch_calls(arrays)
-    if calls is not None:
-        return calls.permute(arrays, values, tokens_per_expert)
-    scalars = _core.permute_scalars(*values)
-    backend, plan = _core.planned_permute(arrays, scalars, tokens_per_expert)
-    return _core.run_permute(backend, plan, arrays, validate)
+    return front_of(arrays).call(PERMUTE, arrays, scalars, tokens_per_expert)
 
 
 def moe_unpermute(
@@ -243,15 +217,11 @@ def moe_unpermute(
         expert_routemap_topk,
         token_prob_unzipped,
     )
-    values = (
-        total_zipped_tokens,
-        num_experts,
-        using_mix_precision,
-        using_weighted_combine,
-        validate,
+    scalars = UnpermuteScalars(
+        total_zipped_tokens=total_zipped_tokens,
+        num_experts=num_experts,
+        using_mix_precision=using_mix_precision,
+        using_weighted_combine=using_weighted_combine,
+        validate=validate,
     )
-    calls = torch_calls(arrays)
-    if calls is not None:
-        return calls.unpermute(arrays, values)
-    backend, plan = _core.planned_unpermute(arrays, _core.unpermute_scalars(*values))
-    return _core.run_unpermute(backend, plan, arrays, validate)
+    return front_of(arrays).call(UNPERMUTE, arrays, scalars)

@@ -1,11 +1,18 @@
-"""The public ``moe_permute_backward`` and ``moe_unpermute_backward``: torch tensors to the
-torch integration, every other array kind to the core (as :mod:`moe_numba._api`)."""
+"""The public ``moe_permute_backward`` and ``moe_unpermute_backward``: each builds its op's
+arrays and scalars and hands them to the front of the arrays' library (as
+:mod:`moe_numba._api`)."""
 
 from __future__ import annotations
 
-from . import _core
-from ._api import Array, torch_calls
-from ._contract_backward import PermuteBackwardArrays, UnpermuteBackwardArrays
+from ._api import Array
+from ._contract_backward import (
+    PermuteBackwardArrays,
+    PermuteBackwardScalars,
+    UnpermuteBackwardArrays,
+    UnpermuteBackwardScalars,
+)
+from ._fronts import front_of
+from ._ops import PERMUTE_BACKWARD, UNPERMUTE_BACKWARD
 
 
 def moe_permute_backward(
@@ -79,11 +86,8 @@ def moe_permute_backward(
         zipped_expertwise_rowmap,
         expert_routemap_topk,
     )
-    calls = torch_calls(arrays)
-    if calls is not None:
-        return calls.permute_backward(arrays, (validate,))
-    backend, plan = _core.planned_permute_backward(arrays, {"validate": validate})
-    return _core.run_permute_backward(backend, plan, arrays, validate)
+    scalars = PermuteBackwardScalars(validate=validate)
+    return front_of(arrays).call(PERMUTE_BACKWARD, arrays, scalars)
 
 
 def moe_unpermute_backward(
@@ -178,10 +182,7 @@ def moe_unpermute_backward(
         expert_routemap_topk,
         token_prob_unzipped,
     )
-    values = (using_weighted_combine, num_rows, validate)
-    calls = torch_calls(arrays)
-    if calls is not None:
-        return calls.unpermute_backward(arrays, values)
-    scalars = dict(zip(_core.UNPERMUTE_BACKWARD_SCALARS, values, strict=True))
-    backend, plan = _core.planned_unpermute_backward(arrays, scalars)
-    return _core.run_unpermute_backward(backend, plan, arrays, validate)
+    scalars = UnpermuteBackwardScalars(
+        using_weighted_combine=using_weighted_combine, num_rows=num_rows, validate=validate
+    )
+    return front_of(arrays).call(UNPERMUTE_BACKWARD, arrays, scalars)

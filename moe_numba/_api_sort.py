@@ -1,12 +1,14 @@
-"""The public ``moe_sort_chunks``: torch tensors to the torch integration, every other array
-kind to the core (as :mod:`moe_numba._api`)."""
+"""The public ``moe_sort_chunks``: its op's arrays and scalars to the front of the arrays'
+library (as :mod:`moe_numba._api`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import _core
-from ._api import Array, torch_calls
+from ._api import Array
+from ._contract_sort import SortArrays, SortScalars
+from ._fronts import front_of
+from ._ops import SORT_CHUNKS
 
 
 def moe_sort_chunks(
@@ -75,7 +77,8 @@ def moe_sort_chunks(
     >>> y.ravel()
     array([3., 4., 0., 1., 2., 5.], dtype=float32)
     """
-    calls = torch_calls((x, probs))
-    if calls is not None:
-        return calls.sort_chunks(x, split_sizes, order, probs, validate=validate)
-    return _core.sort_chunks(x, split_sizes, order, probs, validate=validate).result()
+    # (sizes in a CUDA array become one of the call's arrays in the front: see
+    # moe_numba._contract_sort.host_values)
+    arrays = SortArrays(x=x, probs=probs, split_sizes=None)
+    scalars = SortScalars(order=order, host_split_sizes=split_sizes, validate=validate)
+    return front_of(arrays).call(SORT_CHUNKS, arrays, scalars)

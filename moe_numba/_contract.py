@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from . import _abi
+from ._libraries import is_traced_int
 
 # frozensets: a dtype is hashed once instead of compared with each entry
 HIDDEN_DTYPES = frozenset(
@@ -51,6 +52,8 @@ def _names(dtypes):
 
 def check_bool(name, value):
     """``value`` must be a Python or NumPy bool."""
+    if value is True or value is False:
+        return value
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool; got {type(value).__name__} {value!r}")
     return bool(value)
@@ -58,7 +61,10 @@ def check_bool(name, value):
 
 def check_int(name, value, minimum, maximum=INT64_MAX, why="int64"):
     """``value`` must be an integer (not a bool) in [``minimum``, ``maximum``]; returns it
-    as ``int``. ``why`` says where the maximum comes from."""
+    as ``int``. ``why`` says where the maximum comes from. A traced int passes as it is (see
+    :func:`~._libraries.is_traced_int`)."""
+    if is_traced_int(value):
+        return value
     if not is_int(value):
         raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}")
     value = operator.index(value)  # exact: NumPy's unsigned values keep their value
@@ -125,6 +131,30 @@ class UnpermuteArrays(NamedTuple):
     token_prob_unzipped: object
 
 
+class PermuteScalars(NamedTuple):
+    """The scalar arguments of one ``moe_permute`` call, with the public defaults
+    (``tokens_per_expert`` is host data, not a scalar: it travels beside them)."""
+
+    num_experts: int
+    padding_alignment: int
+    do_gather: bool = True
+    using_ue8m0_scale: bool = False
+    return_expert_indices: bool = False
+    override_buffer_size: int = -1
+    validate: bool = True
+    return_expert_offsets: bool = False
+
+
+class UnpermuteScalars(NamedTuple):
+    """The scalar arguments of one ``moe_unpermute`` call, with the public defaults."""
+
+    total_zipped_tokens: int
+    num_experts: int
+    using_mix_precision: bool = True
+    using_weighted_combine: bool = False
+    validate: bool = True
+
+
 class PermutePlan(NamedTuple):
     """Shapes of one ``moe_permute`` call, decided from metadata alone."""
 
@@ -141,6 +171,10 @@ class PermutePlan(NamedTuple):
     do_gather: bool
     return_expert_indices: bool
     return_expert_offsets: bool
+    override: bool  # override_buffer_size >= 0: R given, counts taken where the rows are
+    validate: bool
+
+    runs = True  # (every call runs: see BackwardPlan.runs)
 
     @property
     def gather_scale(self):
@@ -158,33 +192,23 @@ class PermutePlan(NamedTuple):
         return self.scale_width * 4 if self.gather_scale else 0
 
 
-def check_permute_metadata(
-    arrays,
-    *,
-    num_experts,
-    padding_alignment,
-    do_gather,
-    using_ue8m0_scale,
-    return_expert_indices,
-    override_buffer_size,
-    validate,
-    return_expert_offsets=False,
-):
+def check_permute_metadata(arrays, scalars: PermuteScalars):
     """Check the metadata of a ``moe_permute`` call (everything but ``tokens_per_expert``) and
     plan its outputs; ``num_rows`` is -1 unless ``override_buffer_size`` fixes it.
 
-    ``arrays`` is a :class:`PermuteArrays` of :class:`ArrayMeta` (None for no scale); the
-    other arguments are the call's own. Raises ``TypeError``/``ValueError`` naming the
-    argument.
+    ``arrays`` is a :class:`PermuteArrays` of :class:`ArrayMeta` (None for no scale),
+    ``scalars`` the call's :class:`PermuteScalars`. Raises ``TypeError``/``ValueError``
+    naming the argument.
     """
-    do_gather = check_bool("do_gather", do_gather)
-    using_ue8m0_scale = check_bool("using_ue8m0_scale", using_ue8m0_scale)
-    return_expert_indices = check_bool("return_expert_indices", return_expert_indices)
-    return_expert_offsets = check_bool("return_expert_offsets", return_expert_offsets)
-    check_bool("validate", validate)
-    num_experts = check_int("num_experts", num_experts, 1)
-    alignment = check_int("padding_alignment", padding_alignment, 1)
-    override = check_int("override_buffer_size", override_buffer_size, -1, MAX_ROWS, ROWMAP_INT32)
+    s = scalars
+    do_gather = check_bool("do_gather", s.do_gather)
+    using_ue8m0_scale = check_bool("using_ue8m0_scale", s.using_ue8m0_scale)
+    return_expert_indices = check_bool("return_expert_indices", s.return_expert_indices)
+    return_expert_offsets = check_bool("return_expert_offsets", s.return_expert_offsets)
+    validate = check_bool("validate", s.validate)
+    num_experts = check_int("num_experts", s.num_experts, 1)
+    alignment = check_int("padding_alignment", s.padding_alignment, 1)
+    override = check_int("override_buffer_size", s.override_buffer_size, -1, MAX_ROWS, ROWMAP_INT32)
 
     hidden_shape, hidden_dtype = arrays.hidden_states
     check_ndim("hidden_states", hidden_shape, 2, "[num_tokens, hidden]")
@@ -240,6 +264,8 @@ def check_permute_metadata(
         do_gather=do_gather,
         return_expert_indices=return_expert_indices,
         return_expert_offsets=return_expert_offsets,
+        override=override >= 0,
+        validate=validate,
     )
 
 
@@ -268,27 +294,23 @@ class UnpermutePlan(NamedTuple):
     data_type: int
     weighted: bool
     mix_precision: bool
+    validate: bool
+
+    runs = True  # (every call runs: see BackwardPlan.runs)
 
 
-def check_unpermute_metadata(
-    arrays,
-    *,
-    total_zipped_tokens,
-    num_experts,
-    using_mix_precision,
-    using_weighted_combine,
-    validate,
-):
+def check_unpermute_metadata(arrays, scalars: UnpermuteScalars):
     """Check the metadata of a ``moe_unpermute`` call and plan its outputs.
 
-    ``arrays`` is an :class:`UnpermuteArrays` of :class:`ArrayMeta`; the other arguments are
-    the call's own. Raises ``TypeError``/``ValueError`` naming the argument.
+    ``arrays`` is an :class:`UnpermuteArrays` of :class:`ArrayMeta`, ``scalars`` the call's
+    :class:`UnpermuteScalars`. Raises ``TypeError``/``ValueError`` naming the argument.
     """
-    mix_precision = check_bool("using_mix_precision", using_mix_precision)
-    weighted = check_bool("using_weighted_combine", using_weighted_combine)
-    check_bool("validate", validate)
-    num_tokens = check_int("total_zipped_tokens", total_zipped_tokens, 0)
-    num_experts = check_int("num_experts", num_experts, 1)
+    s = scalars
+    mix_precision = check_bool("using_mix_precision", s.using_mix_precision)
+    weighted = check_bool("using_weighted_combine", s.using_weighted_combine)
+    validate = check_bool("validate", s.validate)
+    num_tokens = check_int("total_zipped_tokens", s.total_zipped_tokens, 0)
+    num_experts = check_int("num_experts", s.num_experts, 1)
 
     rows_shape, dtype = arrays.hidden_states_unzipped
     check_ndim("hidden_states_unzipped", rows_shape, 2, "[rows, hidden]")
@@ -335,6 +357,7 @@ def check_unpermute_metadata(
         data_type=COMBINE_DTYPES[dtype],
         weighted=weighted,
         mix_precision=mix_precision,
+        validate=validate,
     )
 
 

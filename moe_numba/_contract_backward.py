@@ -49,6 +49,21 @@ class UnpermuteBackwardArrays(NamedTuple):
     token_prob_unzipped: object | None
 
 
+class PermuteBackwardScalars(NamedTuple):
+    """The scalar arguments of one ``moe_permute_backward`` call, with the public default."""
+
+    validate: bool = True
+
+
+class UnpermuteBackwardScalars(NamedTuple):
+    """The scalar arguments of one ``moe_unpermute_backward`` call, with the public
+    default."""
+
+    using_weighted_combine: bool
+    num_rows: int
+    validate: bool = True
+
+
 class BackwardPlan(NamedTuple):
     """Shapes of one call of either gradient op."""
 
@@ -63,10 +78,12 @@ class BackwardPlan(NamedTuple):
     grad_prob: bool  # the probability gradient input is given
     weighted: bool  # moe_unpermute_backward: the forward combine was weighted
     rows_given: bool  # moe_unpermute_backward: hidden_states_unzipped is given
+    validate: bool
 
     @property
-    def computes(self):
-        """Whether there is anything to compute (else both outputs are None)."""
+    def runs(self):
+        """Whether there is anything to compute (else both outputs are None and nothing is
+        read or checked)."""
         return self.grad_hidden or self.grad_prob
 
     @property
@@ -90,10 +107,13 @@ class BackwardPlan(NamedTuple):
             data_type=self.data_type,
             weighted=False,
             mix_precision=True,
+            validate=self.validate,
         )
 
 
-def _plan(maps, num_rows, hidden, dtype, grad_hidden, grad_prob, weighted=False, rows=None):
+def _plan(
+    maps, num_rows, hidden, dtype, grad_hidden, grad_prob, validate, weighted=False, rows=None
+):
     num_tokens, num_experts, topk = maps
     return BackwardPlan(
         num_tokens=num_tokens,
@@ -107,6 +127,7 @@ def _plan(maps, num_rows, hidden, dtype, grad_hidden, grad_prob, weighted=False,
         grad_prob=grad_prob is not None,
         weighted=weighted,
         rows_given=rows is not None,
+        validate=validate,
     )
 
 
@@ -149,7 +170,7 @@ def _check_gradient_rows(name, meta):
     return shape, dtype
 
 
-def check_permute_backward_metadata(arrays, *, validate):
+def check_permute_backward_metadata(arrays, scalars: PermuteBackwardScalars):
     """Check the metadata of a ``moe_permute_backward`` call and plan its outputs.
 
     ``arrays`` is a :class:`PermuteBackwardArrays` of :class:`ArrayMeta` (or None). T and E
@@ -157,7 +178,7 @@ def check_permute_backward_metadata(arrays, *, validate):
     ``grad_token_prob_unzipped`` when only it is given). Raises ``TypeError`` /
     ``ValueError`` naming the argument.
     """
-    check_bool("validate", validate)
+    validate = check_bool("validate", scalars.validate)
     maps = _check_maps(arrays.zipped_expertwise_rowmap, arrays.expert_routemap_topk)
     grad_rows, grad_probs = arrays.grad_hidden_states_unzipped, arrays.grad_token_prob_unzipped
     num_rows, hidden, dtype = 0, 0, None
@@ -172,10 +193,10 @@ def check_permute_backward_metadata(arrays, *, validate):
             num_rows = shape[0]
         else:
             check_shape(name, shape, (num_rows,), "[rows of grad_hidden_states_unzipped]")
-    return _plan(maps, num_rows, hidden, dtype, grad_rows, grad_probs)
+    return _plan(maps, num_rows, hidden, dtype, grad_rows, grad_probs, validate)
 
 
-def check_unpermute_backward_metadata(arrays, *, using_weighted_combine, num_rows, validate):
+def check_unpermute_backward_metadata(arrays, scalars: UnpermuteBackwardScalars):
     """Check the metadata of a ``moe_unpermute_backward`` call and plan its outputs.
 
     ``arrays`` is an :class:`UnpermuteBackwardArrays` of :class:`ArrayMeta` (or None). T and
@@ -183,9 +204,9 @@ def check_unpermute_backward_metadata(arrays, *, using_weighted_combine, num_row
     ``num_rows``, which every ``[R, ...]`` array given must match. Raises ``TypeError`` /
     ``ValueError`` naming the argument.
     """
-    weighted = check_bool("using_weighted_combine", using_weighted_combine)
-    check_bool("validate", validate)
-    num_rows = check_int("num_rows", num_rows, 0)
+    weighted = check_bool("using_weighted_combine", scalars.using_weighted_combine)
+    validate = check_bool("validate", scalars.validate)
+    num_rows = check_int("num_rows", scalars.num_rows, 0)
     maps = _check_maps(arrays.zipped_expertwise_rowmap, arrays.expert_routemap_topk)
     num_tokens, _, topk = maps
     grad_out, grad_slots = arrays.grad_hidden_states, arrays.grad_expert_prob_topk
@@ -228,16 +249,7 @@ def check_unpermute_backward_metadata(arrays, *, using_weighted_combine, num_row
             "token_prob_unzipped is required when using_weighted_combine=True; got None"
         )
 
-    return _plan(maps, num_rows, hidden, dtype, grad_out, grad_slots, weighted, rows_in)
-
-
-def unpermute_backward_outputs(plan, empty):
-    """Allocate the outputs of ``moe_unpermute_backward`` with ``empty(shape, dtype)``: the
-    row gradient (None without ``grad_hidden_states``) and the probability gradient (None
-    only when neither gradient is given)."""
-    rows = empty((plan.num_rows, plan.hidden), plan.dtype) if plan.grad_hidden else None
-    probs = empty((plan.num_rows,), np.float32) if plan.computes else None
-    return rows, probs
+    return _plan(maps, num_rows, hidden, dtype, grad_out, grad_slots, validate, weighted, rows_in)
 
 
 def raise_for_permute_backward_status(status, plan: BackwardPlan):

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _abi
 from ._contract import FLOAT32, ROUTEMAP_DTYPES, check_bool, check_dtype, check_ndim, check_shape
-from ._libraries import classify, dlpack_cuda
+from ._libraries import classify, dlpack_cuda, is_traced_int
 
 BAD_SIZES_RULE = (
     "a negative size counts as 0, and the chunks are cut where the rows of x end: a chunk "
@@ -28,11 +28,35 @@ BAD_SIZES_RULE = (
 
 class SortArrays(NamedTuple):
     """The array arguments of one ``moe_sort_chunks`` call (``split_sizes`` only when it is a
-    CUDA array; host sizes are scalars of the call)."""
+    CUDA array: host sizes are one of its :class:`SortScalars`)."""
 
     x: object
     probs: object | None
     split_sizes: object | None
+
+
+class SortScalars(NamedTuple):
+    """The other arguments of one ``moe_sort_chunks`` call: the order and the host sizes,
+    tuples of ints once :func:`host_values` has read them. As the public function gives them
+    they are what the caller passed (any host sequence; the sizes possibly a CUDA array,
+    which :func:`host_values` moves to the call's arrays)."""
+
+    order: tuple[int, ...]
+    host_split_sizes: tuple[int, ...] | None
+    validate: bool = True
+
+
+def host_values(arrays, scalars):
+    """``(arrays, scalars)`` of a call as the core takes them: sizes in a CUDA array are one
+    of its arrays (the kernels read and check them there, with no host round trip), host
+    sizes (given as either) and the order are tuples of ints (:func:`host_ints`)."""
+    sizes = scalars.host_split_sizes if arrays.split_sizes is None else arrays.split_sizes
+    order = host_ints("order", scalars.order)
+    if is_device_array(sizes):
+        arrays, host_sizes = arrays._replace(split_sizes=sizes), None
+    else:
+        arrays, host_sizes = arrays._replace(split_sizes=None), host_ints("split_sizes", sizes)
+    return arrays, scalars._replace(order=order, host_split_sizes=host_sizes)
 
 
 class SortPlan(NamedTuple):
@@ -46,6 +70,15 @@ class SortPlan(NamedTuple):
     sizes: np.ndarray | None  # int64 [C], checked; None when the sizes are on the device
     sizes_dtype: np.dtype  # int64 for host sizes, the device array's dtype otherwise
     has_probs: bool
+    validate: bool
+
+    runs = True  # (every call runs: see BackwardPlan.runs)
+
+    @property
+    def checks_sizes(self):
+        """Whether the kernels check the sizes: they are on the device and the caller
+        validates (host sizes were checked before the call)."""
+        return self.validate and self.sizes is None
 
     @property
     def row_bytes(self):
@@ -146,15 +179,16 @@ def _check_order(order, num_chunks):
     raise AssertionError("unreachable: a non-permutation has a bad or repeated entry")
 
 
-def check_sort_metadata(arrays, *, order, host_sizes, validate):
+def check_sort_metadata(arrays, scalars: SortScalars):
     """Check a ``moe_sort_chunks`` call and plan it.
 
     ``arrays`` is a :class:`SortArrays` of :class:`~._contract.ArrayMeta` (``split_sizes``
-    None for host sizes); ``host_sizes`` the host sizes as a tuple of ints (see
-    :func:`host_ints`) or None; ``order`` a tuple of ints. Host sizes are checked here (a
-    negative size, or more rows than ``x`` has: ``ValueError``).
+    None for host sizes); ``scalars`` its :class:`SortScalars` after :func:`host_values`.
+    Host sizes are checked here (a negative size, or more rows than ``x`` has:
+    ``ValueError``).
     """
-    check_bool("validate", validate)
+    validate = check_bool("validate", scalars.validate)
+    order, host_sizes = scalars.order, scalars.host_split_sizes
     x_shape, dtype = arrays.x
     check_ndim("x", x_shape, 2, "[rows, hidden]")
     if dtype is None or dtype.hasobject or dtype.itemsize == 0:
@@ -164,15 +198,17 @@ def check_sort_metadata(arrays, *, order, host_sizes, validate):
         probs_shape, probs_dtype = arrays.probs
         check_dtype("probs", probs_dtype, FLOAT32)
         check_shape("probs", probs_shape, (num_rows,), "[rows] (the rows of x)")
+    traced = any(is_traced_int(v) for v in (*order, *(host_sizes or ())))
     if arrays.split_sizes is not None:
         sizes_shape, sizes_dtype = arrays.split_sizes
         check_ndim("split_sizes", sizes_shape, 1, "[num_chunks]")
         check_dtype("split_sizes", sizes_dtype, ROUTEMAP_DTYPES)
         num_chunks, sizes = sizes_shape[0], None
     else:
-        sizes = np.asarray(host_sizes, dtype=np.int64).reshape(-1)
-        num_chunks, sizes_dtype = sizes.shape[0], np.dtype(np.int64)
-    order = _check_order(order, num_chunks)
+        num_chunks, sizes_dtype = len(host_sizes), np.dtype(np.int64)
+        # (traced sizes are checked when the compiled code runs)
+        sizes = None if traced else np.asarray(host_sizes, dtype=np.int64).reshape(-1)
+    order = np.asarray(order, dtype=object) if traced else _check_order(order, num_chunks)
     plan = SortPlan(
         num_rows=num_rows,
         hidden=hidden,
@@ -182,34 +218,11 @@ def check_sort_metadata(arrays, *, order, host_sizes, validate):
         sizes=sizes,
         sizes_dtype=sizes_dtype,
         has_probs=arrays.probs is not None,
+        validate=validate,
     )
     if sizes is not None:
         raise_for_sort_status(sizes_status(sizes, num_rows), plan)
     return plan
-
-
-class SortOutputs(NamedTuple):
-    """The outputs of one ``moe_sort_chunks`` call.
-
-    ``lengths`` holds, per position of ``y``, the rows its chunk really has (the sizes in
-    output order, after the rule for bad device sizes): the sizes of the inverse sort, which
-    the torch autograd uses. ``probs`` is None when no probabilities were given.
-    """
-
-    y: object
-    probs: object | None
-    lengths: object
-
-    def result(self):
-        """The pair ``moe_sort_chunks`` returns."""
-        return self.y, self.probs
-
-
-def sort_outputs(plan, empty):
-    """Allocate the outputs of ``moe_sort_chunks`` with ``empty(shape, dtype)``."""
-    y = empty((plan.num_rows, plan.hidden), plan.dtype)
-    probs = empty((plan.num_rows,), np.float32) if plan.has_probs else None
-    return SortOutputs(y, probs, empty((plan.num_chunks,), np.int64))
 
 
 def raise_for_sort_status(status, plan: SortPlan):

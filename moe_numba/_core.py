@@ -1,15 +1,19 @@
-"""The core's entry for every op: prepare, run on the backend, raise for the status words.
+"""The core: the front of NumPy and CUDA arrays, and what every front runs a call through.
 
-Prepare checks a call before any work: every required array given, where its arrays live,
-its metadata (shapes, dtypes, scalars) by the contract's rules, contiguity and device; the
-result, the backend of that location and the op's plan, is remembered per call key in the
-op's :class:`CallCache`. Run hands the plan and the arrays to the backend; with
-``validate=True`` the status words the backend returns are turned into the contract's
-errors.
+For one op (its declaration, :mod:`._ops`) a call is prepared, then run:
 
-The core serves every array kind through :mod:`moe_numba._libraries` and knows no array
-library by name: the public functions (:mod:`moe_numba._api`) and the torch integration
-(:mod:`moe_numba.torch`) call down into it, and it calls up into neither.
+- :func:`prepare` checks the call before any work: every required array given, where its
+  arrays live, its metadata (shapes, dtypes, scalars) by the op's check, contiguity and
+  device; the result, the backend of that location and the op's plan, is remembered per call
+  key (:func:`._dispatch.call_key`) in the op's :class:`CallCache`. A permute's capacities
+  are checked and planned apart (:mod:`._capacities`).
+- :func:`run` hands the plan and the arrays to the backend's method of the op and, when the
+  plan validates, raises what its status words report.
+
+:func:`call` is both, and the front of every array kind that needs nothing else (NumPy
+arrays, numba device arrays, CuPy arrays): the public functions call it with their result.
+The torch integration (:mod:`moe_numba.torch`) calls :func:`prepare` and :func:`run` itself;
+the core calls up into no front and knows no array library by name.
 """
 
 from __future__ import annotations
@@ -18,49 +22,10 @@ import sys
 
 from ._cache import BoundedCache
 from ._capacities import forget_capacity_plans, with_capacities
-from ._contract import (
-    ArrayMeta,
-    check_permute_metadata,
-    check_unpermute_metadata,
-    raise_for_permute_status,
-    raise_for_unpermute_status,
-)
-from ._contract_backward import (
-    check_permute_backward_metadata,
-    check_unpermute_backward_metadata,
-    raise_for_permute_backward_status,
-    raise_for_unpermute_backward_status,
-)
-from ._contract_sort import (
-    SortArrays,
-    check_sort_metadata,
-    host_ints,
-    is_device_array,
-    raise_for_sort_status,
-)
+from ._contract import ArrayMeta
 from ._dispatch import call_key, check_arrays, check_given, locate
 from ._libraries import array_library
-
-# the names of each op's scalar arguments that its checks read, in the order of its scalars
-PERMUTE_SCALARS = (
-    "num_experts",
-    "padding_alignment",
-    "do_gather",
-    "using_ue8m0_scale",
-    "return_expert_indices",
-    "override_buffer_size",
-    "validate",
-    "return_expert_offsets",
-)
-UNPERMUTE_SCALARS = (
-    "total_zipped_tokens",
-    "num_experts",
-    "using_mix_precision",
-    "using_weighted_combine",
-    "validate",
-)
-PERMUTE_BACKWARD_SCALARS = ("validate",)
-UNPERMUTE_BACKWARD_SCALARS = ("using_weighted_combine", "num_rows", "validate")
+from ._ops import OPS
 
 
 def metadata(arrays):
@@ -84,8 +49,8 @@ def _gpu_backend():
     return gpu_backend()
 
 
-# location (see ``locate``) -> loader of the backend: both offer ``op(plan, arrays, validate)
-# -> (outputs, status)`` for every op
+# location (see ``locate``) -> loader of the backend: both offer one method per op, named
+# as the op: ``backend.<op.name>(plan, arrays, empty=...) -> (outputs, status)``
 _BACKENDS = {"cpu": _cpu_backend, "cuda": _gpu_backend}
 
 
@@ -94,51 +59,47 @@ class CallCache:
 
     Parameters
     ----------
-    check_metadata : callable
-        The contract's check of the op: ``check_metadata(metadata, **scalars) -> plan``.
+    op : moe_numba._ops.Op
+        The op whose calls it prepares.
     """
 
-    def __init__(self, check_metadata):
-        self._check_metadata = check_metadata
+    def __init__(self, op):
+        self._op = op
         self._calls = BoundedCache(256)
 
     def prepare(self, arrays, scalars):
         """(backend, plan) of a call: every required array given, where its arrays live,
         its metadata checked, contiguity and device checked, in that order; remembered by
-        :func:`~moe_numba._dispatch.call_key` (errors never are).
-
-        ``arrays`` is the op's arrays NamedTuple (its field names name the arguments in
-        errors); ``scalars`` maps the names of the other arguments that the checks read to
-        their values.
-        """
+        the call key (errors never are). ``arrays`` and ``scalars`` are the op's
+        NamedTuples (their field names name the arguments in errors)."""
 
         def prepare():
             check_given(arrays)
             named = arrays._asdict()
             location = locate(named)
-            plan = self._check_metadata(metadata(arrays), **scalars)
+            plan = self._op.check(metadata(arrays), scalars)
             check_arrays(named)
             return _BACKENDS[location](), plan
 
-        return self._calls.get_or_compute(call_key(arrays, scalars.values()), prepare)
+        return self._calls.get_or_compute(call_key(arrays, scalars), prepare)
 
     def clear(self):
         """Forget every prepared call."""
         self._calls.clear()
 
+    def __len__(self):
+        """The number of prepared calls remembered."""
+        return len(self._calls)
 
-PERMUTE = CallCache(check_permute_metadata)
-UNPERMUTE = CallCache(check_unpermute_metadata)
-PERMUTE_BACKWARD = CallCache(check_permute_backward_metadata)
-UNPERMUTE_BACKWARD = CallCache(check_unpermute_backward_metadata)
-SORT_CHUNKS = CallCache(check_sort_metadata)
+
+CALLS = {op: CallCache(op) for op in OPS}
 
 
 def clear():
     """Forget every prepared call of every op, the capacities planned for them and, where
     the GPU backend is loaded, its launch plans and device copies of capacities (the torch
     integration's recorded calls and this are :func:`moe_numba.torch._replay.clear`'s)."""
-    for calls in (PERMUTE, UNPERMUTE, PERMUTE_BACKWARD, UNPERMUTE_BACKWARD, SORT_CHUNKS):
+    for calls in CALLS.values():
         calls.clear()
     forget_capacity_plans()
     gpu = sys.modules.get("moe_numba._gpu")  # (not loaded: nothing of it to forget)
@@ -147,124 +108,40 @@ def clear():
         backend.clear()
 
 
-def _allocator(empty):
-    """The keyword that hands a caller's output allocator to a backend, if there is one."""
-    return {} if empty is None else {"empty": empty}
+def prepare(op, arrays, scalars, capacities=None):
+    """(backend, plan) of a call of ``op``, checked (see :class:`CallCache`); a permute's
+    plan with its ``capacities`` (``tokens_per_expert``) unless ``override_buffer_size``
+    sets its rows."""
+    backend, plan = CALLS[op].prepare(arrays, scalars)
+    if op.capacities:
+        plan = with_capacities(plan, capacities)
+    return backend, plan
 
 
-# ------------------------------------------------------------------------------------------
-# permute and unpermute
-
-
-def permute_scalars(*values):
-    """The arguments of ``moe_permute`` that its checks read, by name (``values`` in the
-    order of PERMUTE_SCALARS)."""
-    return dict(zip(PERMUTE_SCALARS, values, strict=True))
-
-
-def planned_permute(arrays, scalars, tokens_per_expert):
-    """(backend, plan) of a ``moe_permute`` call, its metadata and capacities checked."""
-    backend, plan = PERMUTE.prepare(arrays, scalars)
-    return backend, with_capacities(plan, tokens_per_expert)
-
-
-def run_permute(backend, plan, arrays, validate, empty=None):
-    """``moe_permute``'s outputs (its returned tuple) for a call that
-    :func:`planned_permute` has checked (``empty(shape, dtype)``, if given, allocates the
-    outputs instead of the arrays' library)."""
-    outputs, status = backend.permute(plan, arrays, validate, **_allocator(empty))
-    if validate:
-        raise_for_permute_status(status, plan)
-    return outputs.result()
-
-
-def unpermute_scalars(*values):
-    """The arguments of ``moe_unpermute`` that its checks read, by name (``values`` in the
-    order of UNPERMUTE_SCALARS)."""
-    return dict(zip(UNPERMUTE_SCALARS, values, strict=True))
-
-
-def planned_unpermute(arrays, scalars):
-    """(backend, plan) of a ``moe_unpermute`` call, its metadata checked."""
-    return UNPERMUTE.prepare(arrays, scalars)
-
-
-def run_unpermute(backend, plan, arrays, validate, empty=None):
-    """``moe_unpermute``'s outputs for a call that :func:`planned_unpermute` has checked
-    (``empty`` as for :func:`run_permute`)."""
-    outputs, status = backend.unpermute(plan, arrays, validate, **_allocator(empty))
-    if validate:
-        raise_for_unpermute_status(status, plan)
-    return tuple(outputs)
-
-
-# ------------------------------------------------------------------------------------------
-# the gradient ops
-
-
-def planned_permute_backward(arrays, scalars):
-    """(backend, plan) of a ``moe_permute_backward`` call, its metadata checked."""
-    return PERMUTE_BACKWARD.prepare(arrays, scalars)
-
-
-def run_permute_backward(backend, plan, arrays, validate, empty=None):
-    """``moe_permute_backward``'s outputs for a checked call: ``(None, None)`` when both
-    gradients are None (nothing is read)."""
-    return _run_gradient(
-        backend.permute_backward, raise_for_permute_backward_status, plan, arrays, validate, empty
-    )
-
-
-def planned_unpermute_backward(arrays, scalars):
-    """(backend, plan) of a ``moe_unpermute_backward`` call, its metadata checked."""
-    return UNPERMUTE_BACKWARD.prepare(arrays, scalars)
-
-
-def run_unpermute_backward(backend, plan, arrays, validate, empty=None):
-    """``moe_unpermute_backward``'s outputs for a checked call (as
-    :func:`run_permute_backward`)."""
-    return _run_gradient(
-        backend.unpermute_backward,
-        raise_for_unpermute_backward_status,
-        plan,
-        arrays,
-        validate,
-        empty,
-    )
-
-
-def _run_gradient(op, raise_for_status, plan, arrays, validate, empty):
-    """A gradient op's outputs: ``op`` (the backend's) unless there is nothing to compute,
-    then its status words raised for when validating."""
-    if not plan.computes:
-        return None, None
-    outputs, status = op(plan, arrays, validate, **_allocator(empty))
-    if validate:
-        raise_for_status(status, plan)
-    return tuple(outputs)
-
-
-# ------------------------------------------------------------------------------------------
-# moe_sort_chunks
-
-
-def sort_chunks_call(x, split_sizes, order, probs):
-    """``(arrays, scalars)`` of a ``moe_sort_chunks`` call, its host ints checked: sizes in
-    a CUDA array are one of its arrays, host sizes and the order are scalars."""
-    device_sizes = split_sizes if is_device_array(split_sizes) else None
-    host_sizes = None if device_sizes is not None else host_ints("split_sizes", split_sizes)
-    return SortArrays(x, probs, device_sizes), dict(
-        order=host_ints("order", order), host_sizes=host_sizes
-    )
-
-
-def sort_chunks(x, split_sizes, order, probs=None, *, validate=True, empty=None):
-    """``moe_sort_chunks`` on arrays of any kind: its
-    :class:`~moe_numba._contract_sort.SortOutputs`. ``empty(shape, dtype)``, if given,
-    allocates the outputs instead of the arrays' library."""
-    arrays, scalars = sort_chunks_call(x, split_sizes, order, probs)
-    backend, plan = SORT_CHUNKS.prepare(arrays, {**scalars, "validate": validate})
-    outputs, status = backend.sort_chunks(plan, arrays, validate, **_allocator(empty))
-    if validate and status is not None:
-        raise_for_sort_status(status, plan)
+def run(op, backend, plan, arrays, empty=None):
+    """The outputs of a call that :func:`prepare` has checked: ``op``'s outputs NamedTuple
+    (None for an output not asked for; all None when the plan has nothing to compute).
+    ``empty(shape, dtype)``, if given, allocates the outputs instead of the arrays'
+    library."""
+    if not plan.runs:
+        return op.outputs(*(None for _ in op.outputs._fields))
+    run_op = getattr(backend, op.name)
+    outputs, status = run_op(plan, arrays) if empty is None else run_op(plan, arrays, empty)
+    if status is not None:
+        op.raise_for(status, plan)
     return outputs
+
+
+def outputs(op, arrays, scalars, capacities=None):
+    """Every output of a call of ``op`` on arrays the core serves (NumPy arrays and CUDA
+    arrays): its outputs NamedTuple, after :func:`prepare` and :func:`run`."""
+    if op.host_values is not None:
+        arrays, scalars = op.host_values(arrays, scalars)
+    backend, plan = prepare(op, arrays, scalars, capacities)
+    return run(op, backend, plan, arrays)
+
+
+def call(op, arrays, scalars, capacities=None):
+    """The public result of a call of ``op`` on arrays the core serves: :func:`outputs` as the
+    public function returns them."""
+    return outputs(op, arrays, scalars, capacities).result()

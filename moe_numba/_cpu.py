@@ -1,9 +1,9 @@
 """The CPU backend: outputs from ``moe_cpu``'s caching allocator, then its Cython stages.
 
 Imported on the first call with NumPy arrays. Both backends (this module and :mod:`._gpu`)
-offer the same operations, each ``op(plan, arrays, validate, empty=...) -> (outputs,
-status)``: ``status`` is the op's status words (:mod:`._abi`) when ``validate`` is true, else
-None.
+offer one function per op (:mod:`._ops`), named as the op: ``op(plan, arrays, empty=...) ->
+(outputs, status)``, where ``outputs`` is the op's outputs NamedTuple (:mod:`._outputs`) and
+``status`` its status words (:mod:`._abi`) when ``plan.validate`` is true, else None.
 """
 
 from __future__ import annotations
@@ -14,9 +14,13 @@ import moe_cpu
 
 from . import _abi
 from ._contract import UnpermuteArrays
-from ._contract_backward import unpermute_backward_outputs
-from ._contract_sort import sort_outputs
-from ._outputs import permute_outputs, unpermute_outputs
+from ._outputs import (
+    PermuteBackwardOutputs,
+    permute_outputs,
+    sort_outputs,
+    unpermute_backward_outputs,
+    unpermute_outputs,
+)
 
 # moe_cpu is compiled apart from this package: it must agree on the numbers they exchange
 _abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, moe_cpu.DATA_TYPES)
@@ -32,7 +36,7 @@ def _kernel_view(x, plan):
     return x if plan.data_type == _abi.DATA_FLOAT32 else x.view(np.uint16)
 
 
-def permute(plan, arrays, validate, *, empty=moe_cpu.empty):
+def permute(plan, arrays, empty=moe_cpu.empty):
     """Run ``moe_permute`` on NumPy arrays.
 
     Parameters
@@ -41,8 +45,6 @@ def permute(plan, arrays, validate, *, empty=moe_cpu.empty):
         The call's plan, with its capacities.
     arrays : PermuteArrays
         The call's NumPy arrays.
-    validate : bool
-        Whether the caller reads the status words.
     empty : callable, optional
         ``empty(shape, dtype)`` allocates each output and the status words (tests pass one
         that fills them with garbage).
@@ -51,7 +53,7 @@ def permute(plan, arrays, validate, *, empty=moe_cpu.empty):
     -------
     outputs : PermuteOutputs
     status : numpy.ndarray or None
-        The status words when `validate` is true.
+        The status words when ``plan.validate`` is true.
     """
     out = permute_outputs(plan, empty)
     status = empty((_abi.PERMUTE_STATUS_LEN,), np.int64)
@@ -69,14 +71,15 @@ def permute(plan, arrays, validate, *, empty=moe_cpu.empty):
         out.offsets,
         status,
         alignment=plan.alignment,
-        validate=validate,
+        validate=plan.validate,
     )
-    return out, (status if validate else None)
+    return out, (status if plan.validate else None)
 
 
-def unpermute(plan, arrays, validate, *, empty=moe_cpu.empty):
+def unpermute(plan, arrays, empty=moe_cpu.empty):
     """Run ``moe_unpermute`` on NumPy arrays (parameters and returns as :func:`permute`)."""
-    hidden, slot_probs = unpermute_outputs(plan, empty)
+    out = unpermute_outputs(plan, empty)
+    hidden, slot_probs = out
     status = empty((_abi.UNPERMUTE_STATUS_LEN,), np.int64)
     moe_cpu.unpermute(
         _kernel_view(arrays.hidden_states_unzipped, plan),
@@ -90,14 +93,14 @@ def unpermute(plan, arrays, validate, *, empty=moe_cpu.empty):
         weighted=plan.weighted,
         mix_precision=plan.mix_precision,
     )
-    return (hidden, slot_probs), (status if validate else None)
+    return out, (status if plan.validate else None)
 
 
 # The gradient ops (docs/gradients.rst), the same interface. Their status slots are in
 # moe_cpu.STATUS_SLOTS too, checked above.
 
 
-def permute_backward(plan, arrays, validate, *, empty=moe_cpu.empty):
+def permute_backward(plan, arrays, empty=moe_cpu.empty):
     """Run ``moe_permute_backward`` on NumPy arrays (parameters and returns as
     :func:`permute`; ``plan`` is a ``BackwardPlan``).
 
@@ -108,22 +111,24 @@ def permute_backward(plan, arrays, validate, *, empty=moe_cpu.empty):
     hidden = probs = status = None
     if plan.grad_hidden:
         combine = UnpermuteArrays(grad_rows, rowmap, routemap, np.zeros(plan.num_rows, np.float32))
-        (hidden, _), status = unpermute(plan.combine_plan, combine, True, empty=empty)
+        combine_plan = plan.combine_plan._replace(validate=True)
+        (hidden, _), status = unpermute(combine_plan, combine, empty)
     if plan.grad_prob:
         probs = empty((plan.num_tokens, plan.topk), np.float32)
         status = empty((_abi.UNPERMUTE_STATUS_LEN,), np.int64)
         moe_cpu.permute_backward_probs(grad_probs, rowmap, routemap, probs, status)
-    return (hidden, probs), (status if validate else None)
+    return PermuteBackwardOutputs(hidden, probs), (status if plan.validate else None)
 
 
 def _bytes_or_none(x):
     return None if x is None else _as_bytes(x)
 
 
-def unpermute_backward(plan, arrays, validate, *, empty=moe_cpu.empty):
+def unpermute_backward(plan, arrays, empty=moe_cpu.empty):
     """Run ``moe_unpermute_backward`` on NumPy arrays (parameters and returns as
     :func:`permute`; ``plan`` is a ``BackwardPlan``)."""
-    rows, probs = unpermute_backward_outputs(plan, empty)
+    out = unpermute_backward_outputs(plan, empty)
+    rows, probs = out
     status = empty((_abi.UNPERMUTE_BACKWARD_STATUS_LEN,), np.int64)
     row_probs = arrays.token_prob_unzipped
     moe_cpu.unpermute_backward(
@@ -140,14 +145,14 @@ def unpermute_backward(plan, arrays, validate, *, empty=moe_cpu.empty):
         weighted=plan.weighted,
         num_rows=plan.num_rows,
     )
-    return (rows, probs), (status if validate else None)
+    return out, (status if plan.validate else None)
 
 
-def sort_chunks(plan, arrays, validate, *, empty=moe_cpu.empty):
+def sort_chunks(plan, arrays, empty=moe_cpu.empty):
     """Run ``moe_sort_chunks`` on NumPy arrays (host sizes only: the plan holds them).
 
     Parameters and results as for :func:`permute`; the status words are those of the
-    sizes, which :func:`~._contract_sort.check_sort_metadata` has already checked.
+    sizes, which :func:`~._contract_sort.check_sort_metadata` has already checked: None.
     """
     out = sort_outputs(plan, empty)
     status = empty((_abi.SORT_STATUS_LEN,), np.int64)
@@ -161,4 +166,4 @@ def sort_chunks(plan, arrays, validate, *, empty=moe_cpu.empty):
         out.lengths,
         status,
     )
-    return out, (status if validate else None)
+    return out, None

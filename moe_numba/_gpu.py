@@ -9,11 +9,15 @@ import numpy as np
 
 from ._cache import BoundedCache
 from ._contract import UnpermuteArrays
-from ._contract_backward import unpermute_backward_outputs
-from ._contract_sort import sort_outputs
 from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError, numba_unavailable
 from ._libraries import array_library
-from ._outputs import permute_outputs, unpermute_outputs
+from ._outputs import (
+    permute_backward_outputs,
+    permute_outputs,
+    sort_outputs,
+    unpermute_backward_outputs,
+    unpermute_outputs,
+)
 from .runtime._buffer import DeviceBuffer
 from .runtime._recording import Address, RecordingLauncher, replay_sequence
 
@@ -215,13 +219,14 @@ class _GPUBackend:
             return None, capacities
         return self._capacities_on_device(call, capacities, capturing, key), None
 
-    def permute(self, plan, arrays, validate, empty=None, call=None):
-        """Run ``moe_permute`` on CUDA arrays: ``(outputs, status words or None)``.
+    # One method per op (moe_numba._ops), named as the op: ``op(plan, arrays, empty=None,
+    # call=None) -> (outputs, status words or None)``; the status words where the plan
+    # validates. ``empty(shape, dtype)``, when given, allocates the outputs and scratch
+    # instead of the arrays' library; ``call``, when given, is a :class:`RecordedCall` of
+    # ``arrays``.
 
-        ``empty(shape, dtype)``, when given, allocates the outputs and scratch instead of
-        the arrays' library; ``call``, when given, is a :class:`RecordedCall` of ``arrays``
-        (every op takes both).
-        """
+    def permute(self, plan, arrays, empty=None, call=None):
+        """Run ``moe_permute`` on CUDA arrays."""
         hidden_states, scale, routemap, probs = arrays
         call = _Call(hidden_states, empty) if call is None else call
         out = permute_outputs(plan, call.empty)
@@ -244,19 +249,16 @@ class _GPUBackend:
             out_offsets=call.buffer(out.offsets),
             routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
         )
-        status = self._permute.run(plan, buffers, validate, call.alloc, stream)
-        return out, (status.read() if validate else None)
+        status = self._permute.run(plan, buffers, call.alloc, stream)
+        return out, (status.read() if plan.validate else None)
 
-    def unpermute(self, plan, arrays, validate, empty=None, call=None):
-        """Run ``moe_unpermute`` on CUDA arrays: ``(outputs, status words or None)``.
-
-        ``empty`` and ``call`` as for :meth:`permute`.
-        """
+    def unpermute(self, plan, arrays, empty=None, call=None):
+        """Run ``moe_unpermute`` on CUDA arrays."""
         call = _Call(arrays.hidden_states_unzipped, empty) if call is None else call
         outputs = unpermute_outputs(plan, call.empty)
-        return self._combine(self._unpermute.run, call, plan, arrays, outputs, validate)
+        return self._combine(self._unpermute.run, call, plan, arrays, outputs)
 
-    def _combine(self, run, call, plan, arrays, outputs, validate):
+    def _combine(self, run, call, plan, arrays, outputs):
         """A combine's buffers (``arrays``: an UnpermuteArrays; ``outputs``: the combined rows
         and the slot probabilities, either None for the permute backward), and ``run(plan,
         buffers, ...)``'s launches."""
@@ -271,25 +273,25 @@ class _GPUBackend:
             out_probs=call.buffer(slot_probs),
             routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
         )
-        status = run(plan, buffers, validate, call.alloc, call.stream(call.like))
-        return outputs, (status.read() if validate else None)
+        status = run(plan, buffers, plan.validate, call.alloc, call.stream(call.like))
+        return outputs, (status.read() if plan.validate else None)
 
-    def sort_chunks(self, plan, arrays, validate, empty=None):
-        """Run ``moe_sort_chunks`` on CUDA arrays: ``(outputs, status words or None)``.
+    def sort_chunks(self, plan, arrays, empty=None, call=None):
+        """Run ``moe_sort_chunks`` on CUDA arrays.
 
         Host sizes were checked before the call, so only sizes on the device are checked
-        here (and only they cost the status read). ``empty`` as for :meth:`permute`.
+        here (``plan.checks_sizes``: only they cost the status read).
         """
-        call = _Call(arrays.x, empty)
+        call = _Call(arrays.x, empty) if call is None else call
         out = sort_outputs(plan, call.empty)
-        stream = call.library.stream(arrays.x)
+        stream = call.stream(arrays.x)
         capturing = self._capturing(stream)
         sizes = arrays.split_sizes
         if sizes is None:
             sizes = self._capacities_on_device(call, plan.sizes, capturing)
         else:
             sizes = call.buffer(sizes)
-        check = validate and arrays.split_sizes is not None
+        check = plan.checks_sizes
         buffers = self._sort_chunks.SortBuffers(
             x=call.buffer(arrays.x),
             sizes=sizes,
@@ -304,32 +306,23 @@ class _GPUBackend:
 
     # The gradient ops (docs/gradients.rst), the same interface.
 
-    def permute_backward(self, plan, arrays, validate, empty=None, call=None):
-        """Run ``moe_permute_backward`` on CUDA arrays: ``(outputs, status words or None)``.
-
-        ``empty`` and ``call`` as for :meth:`permute`.
-        """
+    def permute_backward(self, plan, arrays, empty=None, call=None):
+        """Run ``moe_permute_backward`` on CUDA arrays."""
         grad_rows, grad_probs = arrays.grad_hidden_states_unzipped, arrays.grad_token_prob_unzipped
         if call is None:
             call = _Call(grad_rows if grad_rows is not None else grad_probs, empty)
-        T = plan.num_tokens
-        hidden = call.empty((T, plan.hidden), plan.dtype) if plan.grad_hidden else None
-        probs = call.empty((T, plan.topk), np.float32) if plan.grad_prob else None
+        outputs = permute_backward_outputs(plan, call.empty)
         combine = UnpermuteArrays(  # (the rows and probabilities are the gradients)
             grad_rows, arrays.zipped_expertwise_rowmap, arrays.expert_routemap_topk, grad_probs
         )
-        run = self._permute_backward.run
-        return self._combine(run, call, plan, combine, (hidden, probs), validate)
+        return self._combine(self._permute_backward.run, call, plan, combine, outputs)
 
-    def unpermute_backward(self, plan, arrays, validate, empty=None, call=None):
-        """Run ``moe_unpermute_backward`` on CUDA arrays: ``(outputs, status words or
-        None)``.
-
-        ``empty`` and ``call`` as for :meth:`permute`.
-        """
+    def unpermute_backward(self, plan, arrays, empty=None, call=None):
+        """Run ``moe_unpermute_backward`` on CUDA arrays."""
         dy, g, xu, rowmap, routemap, p = arrays
         call = _Call(rowmap, empty) if call is None else call
-        rows, probs = unpermute_backward_outputs(plan, call.empty)
+        outputs = unpermute_backward_outputs(plan, call.empty)
+        rows, probs = outputs
         scaled = plan.weighted and plan.grad_hidden
         buffers = self._unpermute_backward.UnpermuteBackwardBuffers(
             grad_hidden=call.buffer(dy),
@@ -343,5 +336,5 @@ class _GPUBackend:
             routemap_itemsize=array_library(routemap).dtype(routemap).itemsize,
         )
         stream = call.stream(rowmap)
-        status = self._unpermute_backward.run(plan, buffers, validate, call.alloc, stream)
-        return (rows, probs), (status.read() if validate else None)
+        status = self._unpermute_backward.run(plan, buffers, plan.validate, call.alloc, stream)
+        return outputs, (status.read() if plan.validate else None)

@@ -1,9 +1,11 @@
-"""The outputs of an op, allocated as its plan describes, and what a failed allocation says.
+"""The outputs of every op: what it computes, allocated as its plan describes, and what a
+failed allocation says.
 
-Both backends allocate through here with the caller's ``empty(shape, dtype)`` (moe_cpu's
-caching allocator, or the CUDA arrays' library): a buffer too large for the machine is a
-``MemoryError`` that names the output, its size and the argument that sized it, whatever the
-allocator raised.
+Each op's outputs are one NamedTuple (a field per output, None for an output the call did not
+ask for); its ``result()`` is the tuple the public function returns. Both backends allocate
+through here with the caller's ``empty(shape, dtype)`` (moe_cpu's caching allocator, or the
+CUDA arrays' library): a buffer too large for the machine is a ``MemoryError`` that names the
+output, its size and the argument that sized it, whatever the allocator raised.
 """
 
 from __future__ import annotations
@@ -36,13 +38,64 @@ class PermuteOutputs(NamedTuple):
         return out
 
 
+def _every_output(outputs):
+    """The tuple the public function returns: every output, in order."""
+    return tuple(outputs)
+
+
+class UnpermuteOutputs(NamedTuple):
+    """The outputs of one ``moe_unpermute`` call."""
+
+    hidden: object
+    probs: object
+
+    result = _every_output
+
+
+class PermuteBackwardOutputs(NamedTuple):
+    """The outputs of one ``moe_permute_backward`` call (None for a gradient not asked
+    for)."""
+
+    grad_hidden: object | None
+    grad_probs: object | None
+
+    result = _every_output
+
+
+class UnpermuteBackwardOutputs(NamedTuple):
+    """The outputs of one ``moe_unpermute_backward`` call (None for a gradient not asked
+    for)."""
+
+    grad_rows: object | None
+    grad_probs: object | None
+
+    result = _every_output
+
+
+class SortOutputs(NamedTuple):
+    """The outputs of one ``moe_sort_chunks`` call.
+
+    ``lengths`` holds, per position of ``y``, the rows its chunk really has (the sizes in
+    output order, after the rule for bad device sizes): the sizes of the inverse sort, which
+    the torch autograd uses. ``probs`` is None when no probabilities were given.
+    """
+
+    y: object
+    probs: object | None
+    lengths: object
+
+    def result(self):
+        """The pair ``moe_sort_chunks`` returns."""
+        return self.y, self.probs
+
+
 def permute_outputs(plan, empty):
     """Allocate the outputs of ``moe_permute`` with ``empty(shape, dtype)``.
 
     Raises ``MemoryError`` naming the output, its size and the argument that sized it.
     """
     rows = plan.num_rows
-    by = "override_buffer_size" if plan.capacities is None else _ROWS_FROM_CAPACITIES
+    by = "override_buffer_size" if plan.override else _ROWS_FROM_CAPACITIES
     shape = (rows if plan.do_gather else 0, plan.hidden)
     hidden = _allocate(empty, "hidden_states_unzipped", shape, plan.hidden_dtype, by)
     shape = (plan.num_tokens, plan.num_experts)
@@ -71,7 +124,32 @@ def unpermute_outputs(plan, empty):
     by = "total_zipped_tokens"
     hidden = _allocate(empty, "hidden_states", (plan.num_tokens, plan.hidden), plan.dtype, by)
     probs = _allocate(empty, "expert_prob_topk", (plan.num_tokens, plan.topk), np.float32, by)
-    return hidden, probs
+    return UnpermuteOutputs(hidden, probs)
+
+
+def permute_backward_outputs(plan, empty):
+    """Allocate the outputs of ``moe_permute_backward``: the data gradient (None without
+    gradient rows) and the probability gradient (None without its input)."""
+    T = plan.num_tokens
+    hidden = empty((T, plan.hidden), plan.dtype) if plan.grad_hidden else None
+    probs = empty((T, plan.topk), np.float32) if plan.grad_prob else None
+    return PermuteBackwardOutputs(hidden, probs)
+
+
+def unpermute_backward_outputs(plan, empty):
+    """Allocate the outputs of ``moe_unpermute_backward``: the row gradient (None without
+    ``grad_hidden_states``) and the probability gradient (None only when neither gradient is
+    given)."""
+    rows = empty((plan.num_rows, plan.hidden), plan.dtype) if plan.grad_hidden else None
+    probs = empty((plan.num_rows,), np.float32) if plan.runs else None
+    return UnpermuteBackwardOutputs(rows, probs)
+
+
+def sort_outputs(plan, empty):
+    """Allocate the outputs of ``moe_sort_chunks`` with ``empty(shape, dtype)``."""
+    y = empty((plan.num_rows, plan.hidden), plan.dtype)
+    probs = empty((plan.num_rows,), np.float32) if plan.has_probs else None
+    return SortOutputs(y, probs, empty((plan.num_chunks,), np.int64))
 
 
 def _allocate(empty, output, shape, dtype, sized_by):

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import torch
 
-from . import moe_permute, moe_unpermute
+from ._contract import PermuteArrays, PermuteScalars, UnpermuteArrays, UnpermuteScalars
+from ._ops import PERMUTE, UNPERMUTE
+from .torch import _front
 
 __all__ = ["experts_forward", "register"]
 
@@ -211,19 +213,15 @@ def permute_routes(rows, routes, probs, num_experts, return_expert_indices=False
     routing map and float32 weights that :func:`merged_routing` returns."""
     num_tokens, top_k = routes.shape
     num_rows = -(-num_tokens * top_k // _ROW_MULTIPLE) * _ROW_MULTIPLE
-    return moe_permute(
-        rows,
-        None,
-        routes,
-        probs,
-        num_experts,
-        None,
-        1,
+    scalars = PermuteScalars(
+        num_experts=num_experts,
+        padding_alignment=1,
         return_expert_indices=return_expert_indices,
         override_buffer_size=num_rows,
         validate=False,
         return_expert_offsets=True,
     )
+    return _front.call(PERMUTE, PermuteArrays(rows, None, routes, probs), scalars)
 
 
 def combine_rows(rows, rowmap, routes, row_probs, num_experts):
@@ -236,17 +234,14 @@ def combine_rows(rows, rowmap, routes, row_probs, num_experts):
     torch.Tensor of shape (T, H)
         The dtype of ``rows``.
     """
-    combined, _ = moe_unpermute(
-        rows,
-        rowmap,
-        routes,
-        row_probs,
-        rowmap.shape[0],
-        num_experts,
+    scalars = UnpermuteScalars(
+        total_zipped_tokens=rowmap.shape[0],
+        num_experts=num_experts,
         using_weighted_combine=True,
         validate=False,
     )
-    return combined
+    arrays = UnpermuteArrays(rows, rowmap, routes, row_probs)
+    return _front.call(UNPERMUTE, arrays, scalars)[0]
 
 
 def _contiguous(tensor):

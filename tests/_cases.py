@@ -130,3 +130,15 @@ def bits(a):
 def metadata(arrays):
     """The contract's view of an op's NumPy arrays (what ``moe_numba._api`` hands it)."""
     return arrays._make(None if x is None else ArrayMeta(x.shape, x.dtype) for x in arrays)
+
+
+def plan_of(op, arrays, capacities=None, **scalars):
+    """The plan the contract makes of a call of ``op`` (its declaration) on NumPy
+    ``arrays``, with its ``scalars`` by name (the public defaults for the others) and, for a
+    permute, its capacities."""
+    plan = op.check(metadata(arrays), op.scalars(**scalars))
+    if op.capacities and not plan.override:
+        from moe_numba._capacities import with_capacities
+
+        plan = with_capacities(plan, capacities)
+    return plan

@@ -13,14 +13,7 @@ from _cases import (
     random_routing,
 )
 from moe_numba import _oracle, moe_permute_backward, moe_unpermute_backward
-from moe_numba._contract_backward import (
-    PermuteBackwardArrays,
-    UnpermuteBackwardArrays,
-    check_permute_backward_metadata,
-    check_unpermute_backward_metadata,
-    raise_for_permute_backward_status,
-    raise_for_unpermute_backward_status,
-)
+from moe_numba._ops import PERMUTE_BACKWARD, UNPERMUTE_BACKWARD
 
 
 def with_gradients(backend):
@@ -79,11 +72,12 @@ def token_with_40_rows(rng, num_rows=100):
     return routemap, rowmap
 
 
-def expected_error(status, raise_for_status, check_metadata, arrays, scalars):
-    """The message that the oracle's status words give for this call, or None."""
-    plan = check_metadata(metadata(arrays), **scalars)
+def expected_error(status, op, arrays, scalars):
+    """The message that the oracle's status words give for this call of ``op`` (its
+    declaration), or None."""
+    plan = op.check(metadata(arrays), scalars)
     try:
-        raise_for_status(status, plan)
+        op.raise_for(status, plan)
     except ValueError as error:
         return str(error)
     return None
@@ -109,13 +103,8 @@ def check_permute_backward(backend, grad_rows, grad_probs, rowmap, routemap, val
     arrays = (grad_rows, grad_probs, rowmap, routemap)
     copies = [None if x is None else x.copy() for x in arrays]
     expected, status = _oracle.permute_backward(*arrays)
-    message = expected_error(
-        status,
-        raise_for_permute_backward_status,
-        check_permute_backward_metadata,
-        PermuteBackwardArrays(*arrays),
-        {"validate": True},
-    )
+    op = PERMUTE_BACKWARD
+    message = expected_error(status, op, op.arrays(*arrays), op.scalars(validate=True))
     if validate and message is not None:
         with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
             run_on(backend, moe_permute_backward, *arrays)
@@ -130,13 +119,9 @@ def check_unpermute_backward(backend, *arrays, weighted, num_rows, validate=True
     """As :func:`check_permute_backward`, for ``moe_unpermute_backward(*arrays, ...)``."""
     copies = [None if x is None else x.copy() for x in arrays]
     expected, status = _oracle.unpermute_backward(*arrays, weighted, num_rows)
-    message = expected_error(
-        status,
-        raise_for_unpermute_backward_status,
-        check_unpermute_backward_metadata,
-        UnpermuteBackwardArrays(*arrays),
-        {"using_weighted_combine": weighted, "num_rows": num_rows, "validate": True},
-    )
+    op = UNPERMUTE_BACKWARD
+    scalars = op.scalars(using_weighted_combine=weighted, num_rows=num_rows, validate=True)
+    message = expected_error(status, op, op.arrays(*arrays), scalars)
     flags = dict(using_weighted_combine=weighted, num_rows=num_rows)
     if validate and message is not None:
         with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):

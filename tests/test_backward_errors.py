@@ -8,16 +8,12 @@ import numpy as np
 import pytest
 
 import moe_cpu
-from _cases import metadata
+from _cases import plan_of
 from _gradients import with_gradients
 from moe_cpu import _backward
 from moe_numba import _abi, _cpu, _oracle, moe_permute_backward, moe_unpermute_backward
-from moe_numba._contract_backward import (
-    PermuteBackwardArrays,
-    UnpermuteBackwardArrays,
-    check_permute_backward_metadata,
-    check_unpermute_backward_metadata,
-)
+from moe_numba._contract_backward import PermuteBackwardArrays, UnpermuteBackwardArrays
+from moe_numba._ops import PERMUTE_BACKWARD, UNPERMUTE_BACKWARD
 
 ROWMAP = np.array([[0, 2, -1], [-1, 3, -1], [1, -1, 4], [-1, -1, -1]], np.int32)  # R = 6
 ROUTEMAP = np.array([[0, 1], [1, -1], [2, 0], [-1, -1]], np.int32)
@@ -379,10 +375,6 @@ def poison(shape, dtype):
     return out
 
 
-def plan_of(check_metadata, arrays, **scalars):
-    return check_metadata(metadata(arrays), **scalars)
-
-
 @pytest.mark.parametrize("given", ["both", "rows", "probs"])
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
 def test_cpu_glue_writes_every_output(given, dtype):
@@ -390,8 +382,8 @@ def test_cpu_glue_writes_every_output(given, dtype):
     rows = rng.standard_normal((6, 5)).astype(dtype) if given != "probs" else None
     probs = rng.standard_normal(6).astype(np.float32) if given != "rows" else None
     arrays = PermuteBackwardArrays(rows, probs, ROWMAP, ROUTEMAP)
-    plan = plan_of(check_permute_backward_metadata, arrays, validate=True)
-    outputs, status = _cpu.permute_backward(plan, arrays, True, empty=poison)
+    plan = plan_of(PERMUTE_BACKWARD, arrays, validate=True)
+    outputs, status = _cpu.permute_backward(plan, arrays, poison)
     expected, expected_status = _oracle.permute_backward(*arrays)
     for a, b in zip(outputs, expected, strict=True):
         assert (a is None and b is None) or a.tobytes() == b.tobytes()
@@ -402,14 +394,8 @@ def test_cpu_glue_writes_every_output(given, dtype):
     xu = rng.standard_normal((6, 5)).astype(dtype)
     p = rng.random(6, dtype=np.float32)
     arrays = UnpermuteBackwardArrays(dy, g, xu, ROWMAP, ROUTEMAP, p)
-    plan = plan_of(
-        check_unpermute_backward_metadata,
-        arrays,
-        using_weighted_combine=True,
-        num_rows=6,
-        validate=True,
-    )
-    outputs, status = _cpu.unpermute_backward(plan, arrays, True, empty=poison)
+    plan = plan_of(UNPERMUTE_BACKWARD, arrays, using_weighted_combine=True, num_rows=6)
+    outputs, status = _cpu.unpermute_backward(plan, arrays, poison)
     expected, expected_status = _oracle.unpermute_backward(*arrays, True, 6)
     for a, b in zip(outputs, expected, strict=True):
         assert (a is None and b is None) or a.tobytes() == b.tobytes()

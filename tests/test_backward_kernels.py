@@ -21,7 +21,7 @@ pytestmark = pytest.mark.sim  # calls the kernels with host arrays (conftest ski
 from _cases import (  # noqa: E402
     assert_same_bits,
     garbage,
-    metadata,
+    plan_of,
     random_bits,
     random_routing,
     random_values,
@@ -31,9 +31,8 @@ from moe_numba import _abi, _core, _oracle  # noqa: E402
 from moe_numba._contract_backward import (  # noqa: E402
     PermuteBackwardArrays,
     UnpermuteBackwardArrays,
-    check_permute_backward_metadata,
-    check_unpermute_backward_metadata,
 )
+from moe_numba._ops import PERMUTE_BACKWARD, UNPERMUTE_BACKWARD  # noqa: E402
 
 if config.ENABLE_CUDASIM:
     from moe_numba import _gpu  # noqa: E402
@@ -121,7 +120,7 @@ def run_backend(op, plan, host_arrays, expected, status_expected, scratch, names
     arrays = type(host_arrays)(*(device(x) for x in host_arrays))
     for validate in (True, False):
         empty = Poisoned()
-        out, status = getattr(BACKEND, op)(plan, arrays, validate, empty=empty)
+        out, status = getattr(BACKEND, op)(plan._replace(validate=validate), arrays, empty=empty)
         assert empty.scratch == scratch[0 if validate else 1]
         if validate:
             np.testing.assert_array_equal(status, status_expected)
@@ -137,7 +136,7 @@ def run_permute_backward(grad_rows, grad_probs, rowmap, routemap):
     """The GPU backend against the oracle (:func:`run_backend`); the status words."""
     host_arrays = PermuteBackwardArrays(grad_rows, grad_probs, rowmap, routemap)
     expected, status = _oracle.permute_backward(*host_arrays)
-    plan = check_permute_backward_metadata(metadata(host_arrays), validate=True)
+    plan = plan_of(PERMUTE_BACKWARD, host_arrays)
     names = ("grad_hidden_states", "grad_expert_prob_topk")
     run_backend("permute_backward", plan, host_arrays, expected, status, (1, 0), names)
     return status  # (scratch: check's words only)
@@ -147,11 +146,8 @@ def run_unpermute_backward(dy, g, xu, rowmap, routemap, p, weighted, num_rows):
     """As :func:`run_permute_backward`, for the unpermute's gradient."""
     host_arrays = UnpermuteBackwardArrays(dy, g, xu, rowmap, routemap, p)
     expected, status = _oracle.unpermute_backward(*host_arrays, weighted, num_rows)
-    plan = check_unpermute_backward_metadata(
-        metadata(host_arrays),
-        using_weighted_combine=weighted,
-        num_rows=num_rows,
-        validate=True,
+    plan = plan_of(
+        UNPERMUTE_BACKWARD, host_arrays, using_weighted_combine=weighted, num_rows=num_rows
     )
     names = ("grad_hidden_states_unzipped", "grad_token_prob_unzipped")
     # scratch: the owner words, and check's words with validate
@@ -282,9 +278,7 @@ def test_unpermute_backward_weighted_without_the_dot_product(dtype, H):
     (rows, _), status = _oracle.unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
     (_, dp), _ = _oracle.unpermute_backward(dy, g, None, rowmap, routemap, None, False, R)
     host_arrays = UnpermuteBackwardArrays(dy, g, xu, rowmap, routemap, p)
-    plan = check_unpermute_backward_metadata(
-        metadata(host_arrays), using_weighted_combine=True, num_rows=R, validate=True
-    )
+    plan = plan_of(UNPERMUTE_BACKWARD, host_arrays, using_weighted_combine=True, num_rows=R)
 
     class WithoutDot(type(plan)):
         __slots__ = ()

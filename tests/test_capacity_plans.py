@@ -7,14 +7,15 @@ import pytest
 
 from moe_numba import _core
 from moe_numba._capacities import with_capacities
-from moe_numba._contract import PermuteArrays
+from moe_numba._contract import PermuteArrays, PermuteScalars
+from moe_numba._ops import PERMUTE
 
 
 def _plan(num_experts=3, alignment=2):
     x = np.zeros((4, 2), np.float32)
     arrays = PermuteArrays(x, None, np.zeros((4, 1), np.int32), np.zeros((4, 1), np.float32))
-    scalars = _core.permute_scalars(num_experts, alignment, True, False, False, -1, True, False)
-    return _core.PERMUTE.prepare(arrays, scalars)[1]
+    scalars = PermuteScalars(num_experts=num_experts, padding_alignment=alignment)
+    return _core.CALLS[PERMUTE].prepare(arrays, scalars)[1]
 
 
 def test_counts_decide_the_rows():

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from moe_numba import _core, moe_permute
-from moe_numba._contract import PermuteArrays
+from moe_numba._contract import PermuteArrays, PermuteScalars
+from moe_numba._ops import PERMUTE
 
 
 def test_clear_forgets_every_prepared_call():
@@ -14,11 +15,11 @@ def test_clear_forgets_every_prepared_call():
     probs = np.ones((4, 1), np.float32)
     moe_permute(x, None, routes, probs, 2, [2, 2], 1)
     arrays = PermuteArrays(x, None, routes, probs)
-    scalars = _core.permute_scalars(2, 1, True, False, False, -1, True, False)
-    first = _core.PERMUTE.prepare(arrays, scalars)
-    assert _core.PERMUTE.prepare(arrays, scalars) is first  # remembered
+    scalars = PermuteScalars(num_experts=2, padding_alignment=1)
+    first = _core.CALLS[PERMUTE].prepare(arrays, scalars)
+    assert _core.CALLS[PERMUTE].prepare(arrays, scalars) is first  # remembered
     _core.clear()
-    again = _core.PERMUTE.prepare(arrays, scalars)
+    again = _core.CALLS[PERMUTE].prepare(arrays, scalars)
     assert again is not first and again[1] == first[1]  # prepared anew, the same plan
 
 

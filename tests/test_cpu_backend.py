@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import moe_cpu
-from _cases import FLOAT8, HIDDEN_DTYPES, bits, counts_of, garbage, metadata
+from _cases import FLOAT8, HIDDEN_DTYPES, bits, counts_of, garbage, plan_of
 from moe_cpu._parallel import copy_rows
 from moe_numba import _abi, _cpu, _oracle
-from moe_numba._capacities import with_capacities
-from moe_numba._contract import PermuteArrays, check_permute_metadata
+from moe_numba._contract import PermuteArrays
+from moe_numba._ops import PERMUTE
 
 HYPOTHESIS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -81,8 +81,10 @@ def cpu_permute(
     Returns the output tuple and the status words (None with ``validate=False``).
     """
     arrays = PermuteArrays(hidden, scale, routemap, probs)
-    plan = check_permute_metadata(
-        metadata(arrays),
+    plan = plan_of(
+        PERMUTE,
+        arrays,
+        tokens_per_expert,
         num_experts=num_experts,
         padding_alignment=alignment,
         do_gather=do_gather,
@@ -91,8 +93,7 @@ def cpu_permute(
         override_buffer_size=override_buffer_size,
         validate=validate,
     )
-    plan = with_capacities(plan, tokens_per_expert)
-    outputs, status = _cpu.permute(plan, arrays, validate, empty=garbage)
+    outputs, status = _cpu.permute(plan, arrays, garbage)
     return outputs.result(), status
 
 
@@ -444,17 +445,10 @@ def test_the_glue_allocates_every_output_and_status_word_with_empty():
     arrays = PermuteArrays(
         hidden, np.ones((3, 1), np.float32), np.zeros((3, 1), np.int32), np.ones((3, 1), np.float32)
     )
-    plan = check_permute_metadata(
-        metadata(arrays),
-        num_experts=2,
-        padding_alignment=2,
-        do_gather=True,
-        using_ue8m0_scale=False,
-        return_expert_indices=True,
-        override_buffer_size=-1,
-        validate=True,
+    plan = plan_of(
+        PERMUTE, arrays, [3, 0], num_experts=2, padding_alignment=2, return_expert_indices=True
     )
-    outputs, status = _cpu.permute(with_capacities(plan, [3, 0]), arrays, True, empty=recording)
+    outputs, status = _cpu.permute(plan, arrays, recording)
     assert requests == [
         ((4, 2), np.dtype(ml_dtypes.bfloat16)),
         ((3, 2), np.dtype(np.int32)),

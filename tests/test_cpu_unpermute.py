@@ -12,10 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import moe_cpu
-from _cases import bits, garbage, metadata
+from _cases import bits, garbage, plan_of
 from moe_cpu import _unpermute
 from moe_numba import _abi, _cpu, _oracle
-from moe_numba._contract import UnpermuteArrays, check_unpermute_metadata
+from moe_numba._contract import UnpermuteArrays
+from moe_numba._ops import UNPERMUTE
 
 DATA_TYPES = {
     np.dtype(np.float32): (_abi.DATA_FLOAT32, np.float32),
@@ -37,15 +38,15 @@ def default_threads():
 def cpu_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision):
     """``_cpu.unpermute`` on a plan made by the contract, into garbage-filled outputs."""
     arrays = UnpermuteArrays(rows, rowmap, routemap, probs)
-    plan = check_unpermute_metadata(
-        metadata(arrays),
+    plan = plan_of(
+        UNPERMUTE,
+        arrays,
         total_zipped_tokens=rowmap.shape[0],
         num_experts=rowmap.shape[1],
         using_mix_precision=mix_precision,
         using_weighted_combine=weighted,
-        validate=True,
     )
-    return _cpu.unpermute(plan, arrays, True, empty=garbage)
+    return _cpu.unpermute(plan, arrays, garbage)
 
 
 def check_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision):

@@ -16,14 +16,10 @@ from numba import config, cuda
 pytestmark = pytest.mark.sim  # calls the kernels with host arrays (conftest skips it elsewhere)
 
 
+from _cases import plan_of  # noqa: E402
 from moe_numba import _abi, _core, _oracle  # noqa: E402
-from moe_numba._capacities import with_capacities  # noqa: E402
-from moe_numba._contract import (  # noqa: E402
-    PermuteArrays,
-    PermutePlan,
-    UnpermuteArrays,
-    UnpermutePlan,
-)
+from moe_numba._contract import PermuteArrays, UnpermuteArrays  # noqa: E402
+from moe_numba._ops import PERMUTE, UNPERMUTE  # noqa: E402
 
 if config.ENABLE_CUDASIM:
     from moe_numba import _gpu  # noqa: E402
@@ -116,28 +112,23 @@ def run_permute(hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=Tru
     (expected, status_expected) = _oracle.permute(
         hidden, scale, rm, probs, E, tpe, A, do_gather, indices, override, indices
     )
-    plan = PermutePlan(
-        num_tokens=T,
-        hidden=hidden.shape[1],
-        topk=K,
+    plan = plan_of(
+        PERMUTE,
+        PermuteArrays(hidden, scale, rm, probs),
+        tpe,
         num_experts=E,
-        alignment=A,
-        num_rows=override,
-        hidden_dtype=hidden.dtype,
-        scale_width=0 if scale is None else scale.shape[1],
-        scale_dtype=None if scale is None else scale.dtype,
-        capacities=None,
+        padding_alignment=A,
         do_gather=do_gather,
+        using_ue8m0_scale=scale is not None and scale.dtype == np.int32,
         return_expert_indices=indices,
+        override_buffer_size=override,
         return_expert_offsets=indices,
     )
-    if override < 0:
-        plan = with_capacities(plan, tpe)
     assert plan.num_rows == expected[2].shape[0]
     arrays = PermuteArrays(device(hidden), device(scale), device(rm), device(probs))
     for validate in (True, False):
         empty = Poisoned()
-        out, status = BACKEND.permute(plan, arrays, validate, empty=empty)
+        out, status = BACKEND.permute(plan._replace(validate=validate), arrays, empty=empty)
         assert empty.scratch == 1
         if validate:
             np.testing.assert_array_equal(status, status_expected)
@@ -412,26 +403,19 @@ def run_unpermute(rows, rowmap, rm, probs, E, weighted, mix):
     (expected, expected_probs), status_expected = _oracle.unpermute(
         rows, rowmap, rm, probs, T, E, mix, weighted
     )
-    code = {
-        np.dtype(np.float32): _abi.DATA_FLOAT32,
-        np.dtype(ml_dtypes.bfloat16): _abi.DATA_BFLOAT16,
-        np.dtype(np.float16): _abi.DATA_FLOAT16,
-    }[rows.dtype]
-    plan = UnpermutePlan(
-        num_tokens=T,
-        hidden=H,
-        topk=K,
+    plan = plan_of(
+        UNPERMUTE,
+        UnpermuteArrays(rows, rowmap, rm, probs),
+        total_zipped_tokens=T,
         num_experts=E,
-        num_rows=R,
-        dtype=rows.dtype,
-        data_type=code,
-        weighted=weighted,
-        mix_precision=mix,
+        using_mix_precision=mix,
+        using_weighted_combine=weighted,
     )
     arrays = UnpermuteArrays(device(rows), device(rowmap), device(rm), device(probs))
     for validate in (True, False):
         empty = Poisoned()
-        (out, out_probs), status = BACKEND.unpermute(plan, arrays, validate, empty=empty)
+        unpermute = BACKEND.unpermute
+        (out, out_probs), status = unpermute(plan._replace(validate=validate), arrays, empty=empty)
         if validate:
             assert empty.scratch == 1  # check's minima and ticket
             np.testing.assert_array_equal(status, status_expected)

@@ -1,9 +1,15 @@
-"""The package graph of ``moe_numba`` is a tree: no import circles.
+"""The package graph of ``moe_numba`` is a tree: no import circles, and three layers.
 
 Every import of every module (module level or inside a function, Python or Cython) is an
 edge to the module it names: ``from . import x`` to the submodule ``x``, ``from .m import
 name`` to ``m``, and ``from .. import name`` of a name that is no submodule to the package's
-``__init__``. The core must not import the torch integration either.
+``__init__``.
+
+The layers, from the top: the public functions and the table of fronts that they pick from
+(``moe_numba``, ``moe_numba._api*``, ``moe_numba._fronts``); the integrations of libraries
+with transforms of their own and of model frameworks (``moe_numba.torch``,
+``moe_numba.transformers``); the core (everything else: contract, ops, backends, kernels,
+runtime). A layer imports only the layers below it.
 """
 
 from __future__ import annotations
@@ -98,13 +104,33 @@ def test_no_import_circles():
     assert _cycles(_graph()) == []
 
 
-def test_the_core_never_imports_the_torch_integration():
+PUBLIC = ("moe_numba", "moe_numba._api", "moe_numba._api_backward", "moe_numba._api_sort")
+PUBLIC += ("moe_numba._fronts",)
+INTEGRATIONS = ("moe_numba.torch", "moe_numba.transformers")
+CONSUMERS = ("moe_numba.bench", "moe_numba.__main__", "moe_numba._demo")  # (the public API's)
+
+
+def _layer(name):
+    if name in PUBLIC:
+        return 2
+    if any(name == p or name.startswith(p + ".") for p in INTEGRATIONS):
+        return 1
+    return 0
+
+
+def test_each_layer_imports_only_the_layers_below_it():
     graph = _graph()
-    core = [name for name in graph if not name.startswith(("moe_numba.torch", "moe_numba.bench"))]
-    core = [name for name in core if name not in ("moe_numba", "moe_numba._api")]
-    core = [name for name in core if not name.startswith("moe_numba._api")]
-    for name in core:
-        assert not any(m.startswith("moe_numba.torch") for m in graph[name]), name
+    for name, imported in graph.items():
+        if name.startswith(CONSUMERS):
+            continue
+        for other in imported:
+            assert _layer(other) <= _layer(name), f"{name} imports {other}, a layer above it"
+
+
+def test_the_layers_are_as_named():
+    graph = _graph()
+    assert all(name in graph for name in PUBLIC + INTEGRATIONS)
+    assert _layer("moe_numba._core") == 0 and _layer("moe_numba.torch._front") == 1
 
 
 def test_the_analysis_sees_circles():

@@ -13,11 +13,18 @@ from hypothesis import strategies as st
 import moe_cpu
 from _backends import examples
 from _cases import FLOAT8, HIDDEN_DTYPES, assert_same_bits, random_bits
-from moe_numba import _abi, _oracle, moe_sort_chunks
-from moe_numba._contract_sort import inverse_order
-from moe_numba._core import sort_chunks as sort_chunks_arrays
+from moe_numba import _abi, _core, _oracle, moe_sort_chunks
+from moe_numba._contract_sort import SortArrays, SortScalars, inverse_order
+from moe_numba._ops import SORT_CHUNKS
 
 DTYPES = [*HIDDEN_DTYPES, np.int8, np.int32, np.int64, np.uint16, np.float64, np.bool_]
+
+
+def sort_chunks_arrays(x, split_sizes, order, probs=None, *, validate=True):
+    """Every output of ``moe_sort_chunks`` (its ``lengths`` too: the sizes of the inverse
+    sort, which the torch backward uses), through the core."""
+    scalars = SortScalars(order=order, host_split_sizes=split_sizes, validate=validate)
+    return _core.outputs(SORT_CHUNKS, SortArrays(x, probs, None), scalars)
 
 
 def sort_on(backend, x, split_sizes, order, probs=None, *, device_sizes=False, **flags):

@@ -57,8 +57,6 @@ def test_torch_gradient_is_the_inverse_sort(device, sizes_on_device):
     torch = _torch()
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from moe_numba.torch._sort_chunks import sort_chunks_device_op
-
     rng = np.random.default_rng(12)
     sizes, order = [3, 1, 0, 2], [2, 3, 0, 1]
     x = _tensor(rng.standard_normal((8, 4)).astype(ml_dtypes.bfloat16), device)
@@ -67,10 +65,9 @@ def test_torch_gradient_is_the_inverse_sort(device, sizes_on_device):
     dp = _tensor(rng.standard_normal(8).astype(np.float32), device)
     x.requires_grad_(True)
     probs.requires_grad_(True)
-    if sizes_on_device:  # (the device op also on CPU tensors, as the schema allows)
-        y, probs_y, _ = sort_chunks_device_op(
-            x, torch.tensor(sizes, device=device), order, probs, True
-        )
+    if sizes_on_device:  # (sizes in a tensor, also on the CPU, as the schema allows)
+        sizes_tensor = torch.tensor(sizes, device=device)
+        y, probs_y, _ = torch.ops.moe_numba.sort_chunks(x, probs, sizes_tensor, order, None, True)
     else:
         y, probs_y = moe_sort_chunks(x, sizes, order, probs)
     torch.autograd.backward([y, probs_y], [dy, dp])
@@ -98,24 +95,22 @@ def test_torch_gradient_of_the_rows_alone():
 
 def test_torch_opcheck():
     torch = _torch()
-    from moe_numba.torch._sort_chunks import sort_chunks_device_op, sort_chunks_op
+    sort_chunks = torch.ops.moe_numba.sort_chunks.default
 
     def leaf(*shape, dtype=torch.float32):
         return torch.randn(*shape).to(dtype).requires_grad_(True)
 
+    # (x, probs, sizes in a tensor, order, host sizes, validate)
     cases = [
-        (sort_chunks_op, (leaf(7, 3), [2, 1, 3], [2, 0, 1], leaf(7))),
-        (sort_chunks_op, (leaf(7, 3, dtype=torch.bfloat16), [2, 1, 3], [2, 0, 1], None)),
-        (sort_chunks_op, (leaf(5, 2), [0, 5], [1, 0], leaf(5))),
-        (sort_chunks_op, (leaf(0, 2), [], [], None)),
-        (sort_chunks_device_op, (leaf(7, 3), torch.tensor([2, 1, 3]), [2, 0, 1], leaf(7), True)),
-        (
-            sort_chunks_device_op,
-            (leaf(7, 3), torch.tensor([4, 3], dtype=torch.int32), [1, 0], None, False),
-        ),
+        (leaf(7, 3), leaf(7), None, [2, 0, 1], [2, 1, 3], True),
+        (leaf(7, 3, dtype=torch.bfloat16), None, None, [2, 0, 1], [2, 1, 3], True),
+        (leaf(5, 2), leaf(5), None, [1, 0], [0, 5], True),
+        (leaf(0, 2), None, None, [], [], True),
+        (leaf(7, 3), leaf(7), torch.tensor([2, 1, 3]), [2, 0, 1], None, True),
+        (leaf(7, 3), None, torch.tensor([4, 3], dtype=torch.int32), [1, 0], None, False),
     ]
-    for op, args in cases:
-        torch.library.opcheck(op, args)  # every test: schema, autograd, fake, aot dispatch
+    for args in cases:
+        torch.library.opcheck(sort_chunks, args)  # every test: schema, autograd, fake, aot
 
 
 def test_torch_compile_traces_forward_and_backward():

@@ -21,32 +21,20 @@ def test_tool_imports(name, monkeypatch):
     assert callable(module.main)
 
 
-def test_clear_forgets_every_replay_and_the_cores_calls(monkeypatch):
-    """What the tools call between settings: every replayed op's ``clear`` (the compiled
-    replays, or their stand-ins where the extension is not built) and the core's; that a
+def test_clear_forgets_every_replay_and_the_cores_calls():
+    """What the tools call between settings: every op's replays (the compiled replays, or
+    their stand-ins where the extension is not built) and the core's prepared calls; that a
     cleared key records anew is checked on a GPU, in test_torch_replay."""
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
+    from moe_numba import _core, moe_unpermute
+    from moe_numba._ops import OPS
     from moe_numba.torch import _replay
 
-    cleared = []
-
-    class Op:
-        def __init__(self, name):
-            self.name = name
-
-        def clear(self):
-            cleared.append(self.name)
-
-    monkeypatch.setattr(_replay, "OPS", (Op("a"), Op("b")))
-    monkeypatch.setattr(_replay._core, "clear", lambda: cleared.append("core"))
+    arrays = (torch.zeros((2, 3)), torch.tensor([[0], [1]], dtype=torch.int32))
+    arrays += (torch.zeros((2, 1), dtype=torch.int32), torch.ones(2))
+    for _ in range(2):  # (a type met for the first time is checked without a key)
+        moe_unpermute(*arrays, 2, 1)
+    assert sum(len(_core.CALLS[op]) for op in OPS) > 0
     _replay.clear()
-    assert sorted(cleared) == ["a", "b", "core"]
-
-
-def test_the_replayed_ops_can_be_cleared():
-    pytest.importorskip("torch")
-    from moe_numba.torch import _replay
-
-    assert _replay.PERMUTE in _replay.OPS and len(_replay.OPS) == 4
-    for op in _replay.OPS:
-        op.clear()
+    assert sum(len(_core.CALLS[op]) for op in OPS) == 0
+    assert set(_replay.REPLAYS) == set(OPS)

@@ -33,7 +33,8 @@ def _permute_args(device, dtype, override, indices, scale=None):
     tokens = None if override else case["tokens_per_expert"]
     rows = rows_needed(case) + 5 if override else -1
     e = case["num_experts"]
-    return (x, scale, routemap, p, e, tokens, 2, True, False, indices, rows, True, indices)
+    # (the schema: the arrays, the scalars, tokens_per_expert last)
+    return (x, scale, routemap, p, e, 2, True, False, indices, rows, True, indices, tokens)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -52,7 +53,7 @@ def test_permute_float8_with_scale(device):
     p = to_torch(case["expert_prob_topk"], device).requires_grad_()
     routemap = to_torch(case["expert_routemap_topk"], device)
     counts = case["tokens_per_expert"]
-    args = (x, scale, routemap, p, 4, counts, 2, True, False, False, -1, True, True)
+    args = (x, scale, routemap, p, 4, 2, True, False, False, -1, True, True, counts)
     # test_schema compares inputs with torch.allclose and test_aot_dispatch_dynamic sums the
     # outputs, neither of which has a float8 kernel on the CPU: the schema check (inputs
     # unchanged, outputs alias no input) is made here bit for bit, and test_torch_compile
@@ -108,7 +109,7 @@ def _detached(args):
 @pytest.mark.parametrize("override", [False, True])
 @pytest.mark.parametrize("given", ["both", "rows", "probs"])
 def test_permute_backward(device, override, given):
-    x, _, routemap, p, *_, rows, _, _ = _permute_args(device, ml_dtypes.bfloat16, override, False)
+    x, _, routemap, p, *_ = _permute_args(device, ml_dtypes.bfloat16, override, False)
     out = ops.permute(*_permute_args(device, ml_dtypes.bfloat16, override, False))
     grad_rows = torch.randn_like(out[0]) if given != "probs" else None
     grad_probs = torch.rand_like(out[2]) if given != "rows" else None

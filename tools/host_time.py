@@ -25,14 +25,6 @@ import numpy as np
 import torch
 
 import moe_numba
-from moe_numba import _core, _gpu
-from moe_numba._capacities import with_capacities
-from moe_numba._contract import PermuteArrays
-from moe_numba._dispatch import call_key
-from moe_numba._outputs import permute_outputs
-from moe_numba.bench._hold import HOLD
-from moe_numba.kernels._family import NoKey
-from moe_numba.runtime import _launch
 
 DEVICE = torch.device("cuda", 0)
 H, K, E = 7168, 8, 64
@@ -93,6 +85,7 @@ def operations(T, A, x, routes, probs, counts, permuted, dy):
         "permute": lambda: moe_numba.moe_permute(
             x, None, routes, probs, E, counts, A, validate=False
         ),
+        "permute, validate": lambda: moe_numba.moe_permute(x, None, routes, probs, E, counts, A),
         "permute, new counts": lambda: moe_numba.moe_permute(
             x, None, routes, probs, E, next(fresh), A, validate=False
         ),
@@ -118,21 +111,33 @@ def operations(T, A, x, routes, probs, counts, permuted, dy):
 
 def pieces(A, x, routes, probs, counts):
     """The pieces of a permute call (T of ``x``), and a few torch calls to compare with."""
+    # (the library's internals: imported here, so that tools/host_time_ab.py can time a tree
+    # of another commit through operations() alone)
+    from moe_numba import _core, _gpu
+    from moe_numba._capacities import with_capacities
+    from moe_numba._contract import PermuteArrays, PermuteScalars
+    from moe_numba._dispatch import call_key
+    from moe_numba._ops import PERMUTE
+    from moe_numba._outputs import permute_outputs
+    from moe_numba.bench._hold import HOLD
+    from moe_numba.kernels._family import NoKey
+    from moe_numba.runtime import _launch
+
     arrays = PermuteArrays(x, None, routes, probs)
-    scalars = _core.permute_scalars(E, A, True, False, False, -1, False, False)
-    _, plan = _core.planned_permute(arrays, scalars, counts)
+    scalars = PermuteScalars(num_experts=E, padding_alignment=A, validate=False)
+    _, plan = _core.prepare(PERMUTE, arrays, scalars, counts)
     backend = _gpu.gpu_backend()
     call = _gpu._Call(x)
     flag = torch.zeros(4, dtype=torch.int32, device=DEVICE)
     launcher = _launch.Launcher(torch._C._cuda_getCurrentRawStream(0))
     hold, hold_args = HOLD.get(NoKey()), HOLD.args({"flag": flag.data_ptr(), "spins": 0})
     return {
-        "call_key": lambda: call_key(arrays, scalars.values()),
-        "planned_permute": lambda: _core.planned_permute(arrays, scalars, counts),
+        "call_key": lambda: call_key(arrays, scalars),
+        "prepare (permute)": lambda: _core.prepare(PERMUTE, arrays, scalars, counts),
         "with_capacities (a new plan)": lambda: with_capacities(
             plan._replace(capacities=None, num_rows=-1), counts
         ),
-        "gpu backend permute": lambda: backend.permute(plan, arrays, False),
+        "gpu backend permute": lambda: backend.permute(plan, arrays),
         "permute_outputs": lambda: permute_outputs(plan, call.empty),
         "torch.empty (300, H) bf16": lambda: torch.empty(
             (300, H), dtype=torch.bfloat16, device=DEVICE
@@ -145,6 +150,8 @@ def pieces(A, x, routes, probs, counts):
 
 
 def main():
+    from moe_numba.runtime import _launch
+
     print(f"launches through the driver (ctypes): {_launch._DRIVER is not None}")
     for T, A in SHAPES:
         inputs = case(T, A)

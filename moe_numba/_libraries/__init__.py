@@ -20,7 +20,7 @@ import numpy as np
 from ._cupy import CupyLibrary
 from ._numba import NumbaLibrary, SimulatorLibrary, fake_cuda_array_type
 from ._numpy import NumpyLibrary
-from ._protocol import ML_DTYPE_BITS, ArrayLibrary, DeviceLibrary, dlpack_cuda
+from ._protocol import ML_DTYPE_BITS, ArrayLibrary, DeviceLibrary, dlpack_cuda, loaded_type
 from ._torch import TorchCpuLibrary, TorchLibrary
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "array_library",
     "classify",
     "dlpack_cuda",
+    "is_traced_int",
     "library_named",
     "refusal_hint",
     "served_type",
@@ -166,3 +167,11 @@ def library_named(name):
         raise ValueError(
             f"library must be one of {', '.join(sorted(_NAMED))}; got {name!r}"
         ) from None
+
+
+def is_traced_int(x):
+    """Whether ``x`` is an int that a compiler traces (torch.compile's ``torch.SymInt``): its
+    value is unknown while tracing, so the contract's checks let it through then (the
+    compiled code runs them on the value it gets)."""
+    kind = loaded_type("torch", "SymInt")
+    return kind is not None and isinstance(x, kind)

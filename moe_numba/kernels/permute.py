@@ -224,17 +224,16 @@ def _row_words(row_bytes, source, target, default):
     return width, row_bytes // width
 
 
-def run(plan, buffers, validate, alloc, stream):
+def run(plan, buffers, alloc, stream):
     """Enqueue moe_permute's kernels for one call on ``stream``.
 
     Parameters
     ----------
     plan : moe_numba._contract.PermutePlan
-        The call's plan, with its row count.
+        The call's plan, with its row count; ``plan.validate``: whether the status words
+        are computed.
     buffers : PermuteBuffers
         The call's arrays and outputs.
-    validate : bool
-        Whether the status words are computed.
     alloc : callable
         ``alloc(nbytes) -> DeviceBuffer``: stream-ordered scratch memory.
     stream : int or RecordingLauncher
@@ -258,10 +257,25 @@ def run(plan, buffers, validate, alloc, stream):
     if sw < 4:
         raise ValueError("scale rows must be whole, 4-byte aligned float32/int32 words")
     bits = 8 * b.routemap_itemsize
-    override = b.capacity is None and b.capacity_values is None
+    validate = plan.validate
     indices = b.out_indices is not None
     ends = b.out_offsets is not None
-    key = (T, K, E, R, hw, hnw, sw, snw, bits, validate, plan.alignment, override, indices, ends)
+    key = (
+        T,
+        K,
+        E,
+        R,
+        hw,
+        hnw,
+        sw,
+        snw,
+        bits,
+        validate,
+        plan.alignment,
+        plan.override,
+        indices,
+        ends,
+    )
     go = LAUNCH_PLANS.get(key)
     if go is None:
         go = LAUNCH_PLANS.put(key, _plan_launches(*key))

@@ -143,7 +143,7 @@ def run(plan, buffers, validate, alloc, stream):
     Parameters
     ----------
     plan : moe_numba._contract_backward.BackwardPlan
-        The call's plan (``plan.computes`` is true).
+        The call's plan (``plan.runs`` is true).
     buffers : UnpermuteBackwardBuffers
         The call's arrays and outputs.
     validate : bool

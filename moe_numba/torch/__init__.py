@@ -1,17 +1,21 @@
-"""PyTorch integration: ``moe_permute`` / ``moe_unpermute`` as differentiable custom ops.
+"""PyTorch integration: every op of moe-numba as a differentiable torch custom op.
 
-Called with torch tensors (CPU or CUDA), :func:`moe_numba.moe_permute` and
-:func:`moe_numba.moe_unpermute` run the torch custom ops ``torch.ops.moe_numba.permute`` and
-``torch.ops.moe_numba.unpermute``. They have fake kernels (``torch.compile`` traces them,
-``torch.library.opcheck`` passes) and gradients (docs/gradients.rst) computed by the custom ops
-``torch.ops.moe_numba.permute_backward`` and ``unpermute_backward``. CPU tensors run on the
-Cython backend through NumPy views of their memory; CUDA tensors run the numba.cuda kernels on
-torch's current stream.
+Called with torch tensors (CPU or CUDA), the public functions (:func:`moe_numba.moe_permute`,
+:func:`moe_numba.moe_unpermute`, the two backward ops, :func:`moe_numba.moe_sort_chunks`)
+go to this package's front (:mod:`._front`), which runs them directly where torch would do
+nothing else with the call, and as the custom ops ``torch.ops.moe_numba.<op>`` otherwise.
+The custom ops have fake kernels (``torch.compile`` traces them, ``torch.library.opcheck``
+passes) and gradients (docs/gradients.rst). CPU tensors run on the Cython backend through
+NumPy views of their memory; CUDA tensors run the numba.cuda kernels on torch's current
+stream.
 
-Importing this module registers the ops; the public functions import it on their first call
+:data:`routes` counts the calls that took the direct route and the custom op, per op (a
+replay is counted by ``moe_numba.torch._replay.replays_run``): where a call's host time goes.
+
+Importing this package registers the ops; the public functions import it on their first call
 with a torch tensor, so ``import moe_numba`` never imports torch.
 """
 
-from . import _calls  # noqa: F401  (registers the ops and their gradients)
+from ._front import ROUTES as routes  # (importing _front registers the ops and gradients)
 
-__all__: list[str] = []
+__all__ = ["routes"]

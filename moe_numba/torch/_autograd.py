@@ -1,16 +1,17 @@
 """Autograd of the custom ops (docs/training.rst): first and higher derivatives.
 
-The gradients are registered on the custom ops, and each backward calls custom ops, so
-``torch.compile`` traces them, ``create_graph=True`` records them, and double backward
-works: the backward ops are linear in their gradient inputs (bilinear with the rows and
+Each op's gradient is a formula here (its ``setup_context`` and ``backward``), registered on
+its custom op; every backward computes with the ops themselves (:data:`GRADIENTS`), so
+``torch.compile`` traces them, ``create_graph=True`` records them, and double backward works:
+the backward ops are linear in their gradient inputs (bilinear with the rows and
 probabilities of a weighted combine), and their own gradients are the forward and backward
-ops again (:func:`_permute_backward_backward`, :func:`_unpermute_backward_backward`).
+ops again. The gradient of a sort is the inverse sort.
 
 A direct call (:mod:`._route`: torch would do nothing else with it) that autograd records
-runs through :class:`DirectPermute` or :class:`DirectUnpermute`: ``torch.autograd.Function``
-classes made of the ops' implementations, the same ``setup_context`` and the same backward.
-Their backward calls the backward op's implementation directly unless autograd records the
-backward itself (``create_graph=True``), which then goes through the custom op.
+runs through the op's :data:`DIRECT` function: a ``torch.autograd.Function`` of the op's
+implementation with the same ``setup_context`` and the same backward, which calls the ops
+directly unless autograd records the backward itself (``create_graph=True``), which then goes
+through the custom ops.
 
 ``setup_context`` saves only what the backward needs:
 
@@ -18,20 +19,36 @@ backward itself (``create_graph=True``), which then goes through the custom op.
   them);
 - unpermute: the row map and the routing map; the row probabilities when the combine is
   weighted; the ``[R, H]`` rows only when the combine is weighted and the probabilities
-  require a gradient (the dot products of the probability gradient).
+  require a gradient (the dot products of the probability gradient);
+- sort: the inverse order, and the rows each output position got (sizes on the device) or
+  the sizes in output order (host sizes).
 
 Gradients of outputs that do not reach the loss arrive as None (grads are not materialised),
-and the backward ops skip what nothing needs.
+and the backward ops skip what nothing needs. Every backward returns one gradient per
+argument of the custom op (:func:`._custom_ops.arguments`): None for the scalars.
 """
 
 import torch
 
-from .. import _core
-from . import _direct, _ops, _replay
-from ._bridge import FLOAT8
+from .._contract import UnpermuteArrays, UnpermuteScalars
+from .._contract_backward import (
+    PermuteBackwardArrays,
+    PermuteBackwardScalars,
+    UnpermuteBackwardArrays,
+    UnpermuteBackwardScalars,
+)
+from .._contract_sort import SortArrays, SortScalars, inverse_order
+from .._ops import PERMUTE, PERMUTE_BACKWARD, SORT_CHUNKS, UNPERMUTE, UNPERMUTE_BACKWARD
+from . import _direct
+from ._bridge import FLOAT8, asked_outputs, stand_ins
+from ._custom_ops import CUSTOM_OPS, arguments, split
 
-_PERMUTE_INPUTS = 13  # arguments of moe_numba::permute
-_UNPERMUTE_INPUTS = 9  # arguments of moe_numba::unpermute
+
+def through_custom_ops(op, arrays, scalars, capacities=None):
+    """``op``'s outputs NamedTuple through its custom op (what autograd and the compiler
+    see)."""
+    tensors = CUSTOM_OPS[op](*arguments(op, arrays, scalars, capacities))
+    return asked_outputs(op, tensors, arrays, scalars)
 
 
 def _contiguous(grad):
@@ -39,83 +56,80 @@ def _contiguous(grad):
     return None if grad is None else grad.contiguous()
 
 
+def _no_gradients(op):
+    return [None] * (len(op.arrays._fields) + len(op.scalars._fields) + op.capacities)
+
+
+# ------------------------------------------------------------------------------------------
+# permute
+
+
 def _permute_setup_context(ctx, inputs, output, needs_input_grad=None):
     # (needs_input_grad: the flags of ``inputs``, when ctx's cover more arguments)
     needs_input_grad = needs_input_grad or ctx.needs_input_grad
-    hidden_states, *_, do_gather, _, _, _, validate, _ = inputs
+    arrays, scalars, _ = split(PERMUTE, inputs)
     hidden_unzipped, rowmap, _, scale_unzipped, expert_indices, expert_offsets = output
-    rows_have_gradient = hidden_states.dtype not in FLOAT8  # float8 rows have none
+    rows_have_gradient = arrays.hidden_states.dtype not in FLOAT8  # float8 rows have none
     ctx.set_materialize_grads(False)
     no_gradient = (rowmap, scale_unzipped, expert_indices, expert_offsets)
     # (one call: each call replaces the set of the previous one)
     ctx.mark_non_differentiable(*no_gradient, *(() if rows_have_gradient else (hidden_unzipped,)))
-    ctx.rows_grad = needs_input_grad[0] and do_gather and rows_have_gradient
+    ctx.rows_grad = needs_input_grad[0] and scalars.do_gather and rows_have_gradient
     ctx.probs_grad = needs_input_grad[3]
-    ctx.validate = validate
-    ctx.save_for_backward(rowmap, inputs[2])
+    ctx.validate = scalars.validate
+    ctx.save_for_backward(rowmap, arrays.expert_routemap_topk)
 
 
-def _permute_backward(
-    ctx,
-    grad_rows,
-    _rowmap,
-    grad_probs,
-    _scale,
-    _indices,
-    _offsets,
-    backward_op=_ops.permute_backward,
-):
+def _permute_backward(ctx, grad_rows, _rowmap, grad_probs, _scale, _indices, _offsets, ops):
     grad_rows = _contiguous(grad_rows) if ctx.rows_grad else None
     grad_probs = _contiguous(grad_probs) if ctx.probs_grad else None
-    grads = [None] * _PERMUTE_INPUTS
+    grads = _no_gradients(PERMUTE)
     if grad_rows is None and grad_probs is None:
         return tuple(grads)
     rowmap, routemap = ctx.saved_tensors
-    grad_hidden, grad_slots = backward_op(grad_rows, grad_probs, rowmap, routemap, ctx.validate)
-    if grad_rows is not None:
-        grads[0] = grad_hidden
-    if grad_probs is not None:
-        grads[3] = grad_slots
+    arrays = PermuteBackwardArrays(grad_rows, grad_probs, rowmap, routemap)
+    grad_hidden, grad_slots = ops(PERMUTE_BACKWARD, arrays, PermuteBackwardScalars(ctx.validate))
+    grads[0], grads[3] = grad_hidden, grad_slots
     return tuple(grads)
+
+
+# ------------------------------------------------------------------------------------------
+# unpermute
 
 
 def _unpermute_setup_context(ctx, inputs, output, needs_input_grad=None):
     needs_input_grad = needs_input_grad or ctx.needs_input_grad  # (as for the permute)
-    rows, rowmap, routemap, probs, _, _, _, weighted, validate = inputs
+    arrays, scalars, _ = split(UNPERMUTE, inputs)
+    rows, probs = arrays.hidden_states_unzipped, arrays.token_prob_unzipped
+    weighted = scalars.using_weighted_combine
     ctx.set_materialize_grads(False)
     ctx.rows_grad = needs_input_grad[0]
     ctx.probs_grad = needs_input_grad[3]
     ctx.weighted = weighted
-    ctx.validate = validate
+    ctx.validate = scalars.validate
     ctx.num_rows = rows.shape[0]
     ctx.probs_shape = probs.shape
     ctx.save_for_backward(
-        rowmap,
-        routemap,
+        arrays.zipped_expertwise_rowmap,
+        arrays.expert_routemap_topk,
         probs if weighted else None,
         rows if weighted and ctx.probs_grad else None,
     )
 
 
-def _unpermute_backward(ctx, grad_out, grad_slots, backward_op=_ops.unpermute_backward):
+def _unpermute_backward(ctx, grad_out, grad_slots, ops):
     wanted_out = ctx.rows_grad or (ctx.probs_grad and ctx.weighted)
     grad_out = _contiguous(grad_out) if wanted_out else None
     grad_slots = _contiguous(grad_slots) if ctx.probs_grad else None
-    grads = [None] * _UNPERMUTE_INPUTS
+    grads = _no_gradients(UNPERMUTE)
     if grad_out is None and grad_slots is None:
         return tuple(grads)
     rowmap, routemap, probs, rows = ctx.saved_tensors
-    grad_rows, grad_probs = backward_op(
-        grad_out,
-        grad_slots,
-        rows if grad_out is not None else None,
-        rowmap,
-        routemap,
-        probs,
-        ctx.weighted,
-        ctx.num_rows,
-        ctx.validate,
+    arrays = UnpermuteBackwardArrays(
+        grad_out, grad_slots, rows if grad_out is not None else None, rowmap, routemap, probs
     )
+    scalars = UnpermuteBackwardScalars(ctx.weighted, ctx.num_rows, ctx.validate)
+    grad_rows, grad_probs = ops(UNPERMUTE_BACKWARD, arrays, scalars)
     if ctx.rows_grad and grad_out is not None:
         grads[0] = grad_rows
     if ctx.probs_grad:
@@ -123,22 +137,20 @@ def _unpermute_backward(ctx, grad_out, grad_slots, backward_op=_ops.unpermute_ba
     return tuple(grads)
 
 
-torch.library.register_autograd(
-    "moe_numba::permute", _permute_backward, setup_context=_permute_setup_context
-)
-torch.library.register_autograd(
-    "moe_numba::unpermute", _unpermute_backward, setup_context=_unpermute_setup_context
-)
+# ------------------------------------------------------------------------------------------
+# the gradient ops' own gradients (double backward)
 
 
-def _permute_backward_setup_context(ctx, inputs, output):
-    grad_rows, grad_probs, rowmap, routemap, validate = inputs
+def _permute_backward_setup_context(ctx, inputs, output, needs_input_grad=None):
+    arrays, scalars, _ = split(PERMUTE_BACKWARD, inputs)
+    needs = needs_input_grad or ctx.needs_input_grad
+    grad_rows, grad_probs = arrays.grad_hidden_states_unzipped, arrays.grad_token_prob_unzipped
     ctx.set_materialize_grads(False)
-    ctx.grad_rows = ctx.needs_input_grad[0]
-    ctx.grad_probs = ctx.needs_input_grad[1]
+    ctx.grad_rows = needs[0]
+    ctx.grad_probs = needs[1]
     ctx.num_rows = (grad_rows if grad_rows is not None else grad_probs).shape[0]
-    ctx.validate = validate
-    ctx.save_for_backward(rowmap, routemap)
+    ctx.validate = scalars.validate
+    ctx.save_for_backward(arrays.zipped_expertwise_rowmap, arrays.expert_routemap_topk)
 
 
 def counted_slots(rowmap, routemap):
@@ -152,31 +164,25 @@ def counted_slots(rowmap, routemap):
     return named & (rows >= 0) & ~repeated
 
 
-def _permute_backward_backward(ctx, grad_grad_hidden, grad_grad_probs):
+def _permute_backward_backward(ctx, grad_grad_hidden, grad_grad_probs, ops):
     """The gradient of ``moe_permute_backward``: it is linear, and its adjoint is the permute's
     gather by the same row map (the rows: every mapped row gets its token's row; the
     probabilities: every row gets its counted slot's value)."""
     rowmap, routemap = ctx.saved_tensors
     wants_rows = ctx.grad_rows and grad_grad_hidden is not None
     wants_probs = ctx.grad_probs and grad_grad_probs is not None
-    grads = [None] * 5
+    grads = _no_gradients(PERMUTE_BACKWARD)
     if not (wants_rows or wants_probs):
         return tuple(grads)
     slots = None
     if wants_probs:
         counted = counted_slots(rowmap, routemap)
         slots = torch.where(counted, grad_grad_probs.contiguous(), 0.0)
-    rows, probs = _ops.unpermute_backward(
-        grad_grad_hidden.contiguous() if wants_rows else None,
-        slots,
-        None,
-        rowmap,
-        routemap,
-        None,
-        False,
-        ctx.num_rows,
-        ctx.validate,
+    arrays = UnpermuteBackwardArrays(
+        grad_grad_hidden.contiguous() if wants_rows else None, slots, None, rowmap, routemap, None
     )
+    scalars = UnpermuteBackwardScalars(False, ctx.num_rows, ctx.validate)
+    rows, probs = ops(UNPERMUTE_BACKWARD, arrays, scalars)
     if wants_rows:
         grads[0] = rows
     if wants_probs:
@@ -184,21 +190,21 @@ def _permute_backward_backward(ctx, grad_grad_hidden, grad_grad_probs):
     return tuple(grads)
 
 
-def _unpermute_backward_setup_context(ctx, inputs, output):
-    grad_out, grad_slots, rows, rowmap, routemap, probs, weighted, num_rows, validate = inputs
+def _unpermute_backward_setup_context(ctx, inputs, output, needs_input_grad=None):
+    arrays, scalars, _ = split(UNPERMUTE_BACKWARD, inputs)
+    grad_out, _, rows, rowmap, routemap, probs = arrays
     ctx.set_materialize_grads(False)
-    ctx.needs = ctx.needs_input_grad
-    ctx.weighted = weighted
-    ctx.num_rows = num_rows
-    ctx.validate = validate
+    ctx.needs = needs_input_grad or ctx.needs_input_grad
+    ctx.weighted = scalars.using_weighted_combine
+    ctx.num_rows = scalars.num_rows
+    ctx.validate = scalars.validate
     ctx.has_grad_out = grad_out is not None
     ctx.has_rows = rows is not None
-    ctx.has_probs = probs is not None
     ctx.probs_shape = None if probs is None else probs.shape
     ctx.save_for_backward(grad_out, rows, rowmap, routemap, probs)
 
 
-def _unpermute_backward_backward(ctx, grad_grad_rows, grad_grad_probs):
+def _unpermute_backward_backward(ctx, grad_grad_rows, grad_grad_probs, ops):
     """The gradient of ``moe_unpermute_backward``, by its inputs: the row gradient
     ``dXu[r] = w_r dY[t]`` and the probability gradient ``dp[r] = <dY[t], Xu[r]> +
     sum_k g[t, k]`` are linear in ``dY`` and ``g`` and bilinear in ``(dY, Xu)`` and
@@ -210,69 +216,127 @@ def _unpermute_backward_backward(ctx, grad_grad_rows, grad_grad_probs):
     b = None if grad_grad_probs is None else grad_grad_probs.contiguous()
     num_tokens, num_experts = rowmap.shape
     dot = ctx.weighted and ctx.has_grad_out and ctx.has_rows  # the forward's dot-product term
-    grads = [None] * 9
+    grads = _no_gradients(UNPERMUTE_BACKWARD)
 
     def combine(x, p, weighted):
         if p is None:
             p = x.new_zeros((x.shape[0],), dtype=torch.float32)
-        return _ops.unpermute(
-            x, rowmap, routemap, p.reshape(-1), num_tokens, num_experts, True, weighted, False
-        )
+        arrays = UnpermuteArrays(x, rowmap, routemap, p.reshape(-1))
+        scalars = UnpermuteScalars(num_tokens, num_experts, True, weighted, validate=False)
+        return ops(UNPERMUTE, arrays, scalars)
+
+    def gather(dy, rows_in, p):
+        arrays = UnpermuteBackwardArrays(dy, None, rows_in, rowmap, routemap, p)
+        scalars = UnpermuteBackwardScalars(True, ctx.num_rows, ctx.validate)
+        return ops(UNPERMUTE_BACKWARD, arrays, scalars)
 
     if needs[0]:  # dY
         total = None
         if a is not None:
-            total = combine(a, probs if ctx.weighted else None, ctx.weighted)[0]
+            total = combine(a, probs if ctx.weighted else None, ctx.weighted).hidden
         if dot and b is not None:
-            term = combine(rows, b, True)[0]
+            term = combine(rows, b, True).hidden
             total = term if total is None else total + term
         grads[0] = total
     if needs[1] and b is not None:  # the slot probabilities' gradient
-        grads[1] = combine(b.new_zeros((ctx.num_rows, 1)), b, False)[1]
+        grads[1] = combine(b.new_zeros((ctx.num_rows, 1)), b, False).probs
     if needs[2] and dot and b is not None:  # the rows of the dot product
-        grads[2] = _ops.unpermute_backward(
-            grad_out, None, None, rowmap, routemap, b, True, ctx.num_rows, ctx.validate
-        )[0]
+        grads[2] = gather(grad_out, None, b).grad_rows
     if needs[5] and ctx.weighted and ctx.has_grad_out and a is not None:  # the probabilities
-        probs_grad = _ops.unpermute_backward(
-            grad_out, None, a, rowmap, routemap, probs, True, ctx.num_rows, ctx.validate
-        )[1]
-        grads[5] = probs_grad.view(ctx.probs_shape)
+        grads[5] = gather(grad_out, a, probs).grad_probs.view(ctx.probs_shape)
     return tuple(grads)
 
 
-torch.library.register_autograd(
-    "moe_numba::permute_backward",
-    _permute_backward_backward,
-    setup_context=_permute_backward_setup_context,
-)
-torch.library.register_autograd(
-    "moe_numba::unpermute_backward",
-    _unpermute_backward_backward,
-    setup_context=_unpermute_backward_setup_context,
-)
+# ------------------------------------------------------------------------------------------
+# sort
 
 
-def _direct_function(name, of_plan, setup_context, backward, backward_op, direct_backward):
-    """A ``torch.autograd.Function`` of an op's implementation, its ``setup_context`` and its
-    backward: ``apply(backend, plan, *inputs)`` with the call's checked plan and the op's
-    arguments. The backward calls ``direct_backward`` (the backward op's implementation), or
-    the backward custom op ``backward_op`` when autograd records the backward
-    (``create_graph=True``).
+def _sort_setup_context(ctx, inputs, output, needs_input_grad=None):
+    arrays, scalars, _ = split(SORT_CHUNKS, inputs)
+    needs = needs_input_grad or ctx.needs_input_grad
+    ctx.set_materialize_grads(False)
+    ctx.num_rows = arrays.x.shape[0]
+    order = tuple(scalars.order)
+    ctx.inverse = list(inverse_order(order))
+    ctx.probs_grad = arrays.probs is not None and needs[1]
+    lengths = output[2]
+    ctx.mark_non_differentiable(lengths)
+    if arrays.split_sizes is None:  # host sizes: the inverse's sizes are known here
+        ctx.sizes_back = [scalars.host_split_sizes[c] for c in order]
+        ctx.save_for_backward(None)
+    else:  # sizes on the device: the rows each position got, no host read
+        ctx.sizes_back = None
+        ctx.save_for_backward(lengths)
+
+
+def _sort_backward(ctx, grad_y, grad_probs, _lengths, ops):
+    grads = _no_gradients(SORT_CHUNKS)
+    if grad_probs is not None and not ctx.probs_grad:
+        grad_probs = None
+    if grad_y is None and grad_probs is None:
+        return tuple(grads)
+    # (absent row gradients: rows of no bytes, only the probabilities move)
+    rows = grad_probs.new_empty((ctx.num_rows, 0)) if grad_y is None else grad_y.contiguous()
+    probs = _contiguous(grad_probs)
+    (lengths,) = ctx.saved_tensors
+    arrays = SortArrays(rows, probs, lengths)
+    scalars = SortScalars(ctx.inverse, ctx.sizes_back, False)
+    grad_x, grad_p, _ = ops(SORT_CHUNKS, arrays, scalars)
+    grads[0] = None if grad_y is None else grad_x
+    grads[1] = None if probs is None else grad_p
+    return tuple(grads)
+
+
+# op -> (its setup_context, its backward)
+GRADIENTS = {
+    PERMUTE: (_permute_setup_context, _permute_backward),
+    UNPERMUTE: (_unpermute_setup_context, _unpermute_backward),
+    PERMUTE_BACKWARD: (_permute_backward_setup_context, _permute_backward_backward),
+    UNPERMUTE_BACKWARD: (_unpermute_backward_setup_context, _unpermute_backward_backward),
+    SORT_CHUNKS: (_sort_setup_context, _sort_backward),
+}
+
+
+def _registered_backward(backward):
+    def registered(ctx, *grads):
+        return backward(ctx, *grads, ops=through_custom_ops)
+
+    return registered
+
+
+for _op, (_setup, _backward) in GRADIENTS.items():
+    torch.library.register_autograd(
+        f"moe_numba::{_op.name}", _registered_backward(_backward), setup_context=_setup
+    )
+
+
+def _direct_function(op, setup_context, backward):
+    """A ``torch.autograd.Function`` of ``op``'s implementation, its ``setup_context`` and its
+    backward: ``apply(backend, plan, *inputs)`` with the call's checked plan and the custom
+    op's arguments (:func:`._custom_ops.arguments`). The backward calls the ops directly, or
+    through their custom ops when autograd records the backward (``create_graph=True``).
 
     Its ``forward`` takes ``ctx`` and runs ``setup_context`` itself: with a separate
     ``setup_context``, ``Function.apply`` binds the arguments through ``inspect.signature``
     on every call, which costs more host time than the rest of the call's Python."""
 
     def forward(ctx, backend, plan, *inputs):
-        output = of_plan(backend, plan, *inputs)
+        arrays, scalars, capacities = split(op, inputs)
+        # (grad mode is off inside a Function's forward, so a recorded key replays here)
+        replayed = _direct.REPLAYS[op].outputs(arrays, scalars, capacities)
+        if replayed is None:
+            outputs = _direct.run(op, backend, plan, arrays, scalars, capacities)
+        else:
+            outputs = op.outputs._make(replayed)
+        output = stand_ins(outputs, next(x for x in arrays if x is not None))
         setup_context(ctx, inputs, output, ctx.needs_input_grad[2:])
         return output
 
     def backward_of_plan(ctx, *grads):
-        op = backward_op if torch.is_grad_enabled() else direct_backward
-        return (None, None, *backward(ctx, *grads, backward_op=op))
+        ops = through_custom_ops if torch.is_grad_enabled() else _direct.outputs
+        return (None, None, *backward(ctx, *grads, ops=ops))
 
+    name = "Direct" + op.name.title().replace("_", "")
     return type(
         name,
         (torch.autograd.Function,),
@@ -285,43 +349,5 @@ def _direct_function(name, of_plan, setup_context, backward, backward_op, direct
     )
 
 
-def _permute_of_plan(backend, plan, *inputs):
-    """The op's outputs for its arguments ``inputs``: a replay where the call key was recorded
-    (grad mode is off inside a Function's forward, so the replays take it), else the direct
-    route's run, which records the call."""
-    arrays = _ops.PermuteArrays(*inputs[:4])
-    num_experts, counts, alignment, *flags = inputs[4:]
-    values = (num_experts, alignment, *flags)  # (in the order of _core.PERMUTE_SCALARS)
-    scalars = _core.permute_scalars(*values)
-    outputs = _replay.PERMUTE(arrays, values, counts)
-    if outputs is None:
-        outputs = _direct.permute(backend, plan, arrays, scalars, counts)
-    return _ops.op_outputs(outputs, plan, arrays.hidden_states)
-
-
-def _unpermute_of_plan(backend, plan, *inputs):
-    """As :func:`_permute_of_plan`, for the unpermute."""
-    arrays = _ops.UnpermuteArrays(*inputs[:4])
-    values = inputs[4:]
-    outputs = _replay.UNPERMUTE(arrays, values)
-    if outputs is None:
-        return _direct.unpermute(backend, plan, arrays, _core.unpermute_scalars(*values))
-    return outputs
-
-
-DirectPermute = _direct_function(
-    "DirectPermute",
-    _permute_of_plan,
-    _permute_setup_context,
-    _permute_backward,
-    _ops.permute_backward,
-    _direct.permute_backward_of,
-)
-DirectUnpermute = _direct_function(
-    "DirectUnpermute",
-    _unpermute_of_plan,
-    _unpermute_setup_context,
-    _unpermute_backward,
-    _ops.unpermute_backward,
-    _direct.unpermute_backward_of,
-)
+DIRECT = {op: _direct_function(op, *formula) for op, formula in GRADIENTS.items()}
+"""Each op's ``torch.autograd.Function`` for direct calls that autograd records."""

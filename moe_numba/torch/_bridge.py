@@ -1,5 +1,6 @@
 """torch tensors as the core reads them: CPU tensors as NumPy arrays and back, sharing memory
-(no copy either way), and the contract's metadata of any tensor (fake and meta ones too).
+(no copy either way), the contract's metadata of any tensor (fake and meta ones too), and an
+op run on tensors.
 
 torch's NumPy bridge knows no bfloat16 or float8: those tensors cross as their bits (int16 or
 uint8) and are re-labelled with the ``ml_dtypes`` dtype on the other side. A tensor that
@@ -13,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from .. import _core
 from .._contract import ArrayMeta
 from .._libraries._torch import TorchLibrary
 
@@ -103,3 +105,30 @@ class TorchAllocator:
         if entry is not None and entry[0] is array:
             return entry[1]
         return from_numpy(array)
+
+
+def run_on_tensors(op, backend, plan, arrays):
+    """``op``'s outputs (its NamedTuple, None where not asked for) of a call that
+    :func:`moe_numba._core.prepare` has checked, on tensors: CUDA tensors as they are; CPU
+    tensors as NumPy views, the outputs allocated by torch. The first tensor decides the
+    device."""
+    like = next(x for x in arrays if x is not None)
+    if like.device.type != "cpu":
+        return _core.run(op, backend, plan, arrays)
+    allocate = TorchAllocator()
+    outputs = _core.run(op, backend, plan, arrays._make(map(to_numpy, arrays)), allocate)
+    return outputs._make(None if x is None else allocate.tensor(x) for x in outputs)
+
+
+def stand_ins(outputs, like):
+    """``outputs`` (an op's NamedTuple) with an empty float32 tensor on ``like``'s device for
+    each output that is None: a custom op returns a fixed number of tensors (one stand-in
+    each: an op's outputs may not alias each other)."""
+    return tuple(like.new_empty((0,), dtype=torch.float32) if x is None else x for x in outputs)
+
+
+def asked_outputs(op, tensors, arrays, scalars):
+    """``op``'s outputs NamedTuple from the tensors its custom op returned: None for each
+    output the call did not ask for (its stand-in)."""
+    asked = op.asked(arrays, scalars)
+    return op.outputs._make(x if want else None for x, want in zip(tensors, asked, strict=True))

@@ -40,6 +40,7 @@ stream is being captured either: the full path keeps a graph's capacities for go
 from __future__ import annotations
 
 from .. import _core
+from .._ops import OPS
 
 try:  # (built with the C launcher: without it nothing is recorded)
     from ._replay_c import ReplayedOp, replays_run
@@ -51,10 +52,15 @@ class _Unrecorded:
     """An op's stand-in for :class:`ReplayedOp` where the extension is not built: its calls
     run without a recording and none is replayed."""
 
-    def __init__(self, run, names, differentiable=(), counted=False):
+    runs = 0
+
+    def __init__(self, op, run):
         self._run = run
 
-    def __call__(self, arrays, values, tokens_per_expert=None):
+    def __call__(self, arrays, scalars, tokens_per_expert=None):
+        return None
+
+    def outputs(self, arrays, scalars, tokens_per_expert=None):
         return None
 
     def clear(self):
@@ -64,28 +70,19 @@ class _Unrecorded:
         return self._run(backend, plan, arrays, None)
 
 
-def _permute(backend, plan, arrays, call):
-    return backend.permute(plan, arrays, False, call=call)[0].result()
+def _recorded_run(op):
+    """``run`` of :class:`ReplayedOp`: the backend's method of ``op``, its outputs."""
 
+    def run(backend, plan, arrays, call):
+        return getattr(backend, op.name)(plan, arrays, call=call)[0]
 
-def _op(name):
-    """``run`` of :class:`ReplayedOp` for a backend op whose outputs are a tuple."""
-    return lambda backend, plan, arrays, call: tuple(
-        getattr(backend, name)(plan, arrays, False, call=call)[0]
-    )
+    return run
 
 
 _Op = _Unrecorded if ReplayedOp is None else ReplayedOp
-# (the differentiable arrays: the rows and the probabilities, as _calls routes them)
-PERMUTE = _Op(_permute, _core.PERMUTE_SCALARS, differentiable=(0, 3), counted=True)
-UNPERMUTE = _Op(_op("unpermute"), _core.UNPERMUTE_SCALARS, differentiable=(0, 3))
-PERMUTE_BACKWARD = _Op(
-    _op("permute_backward"), _core.PERMUTE_BACKWARD_SCALARS, differentiable=(0, 1)
-)
-UNPERMUTE_BACKWARD = _Op(
-    _op("unpermute_backward"), _core.UNPERMUTE_BACKWARD_SCALARS, differentiable=(0, 1, 2, 5)
-)
-OPS = (PERMUTE, UNPERMUTE, PERMUTE_BACKWARD, UNPERMUTE_BACKWARD)
+# (moe_sort_chunks's scalars hold sequences, which no replay key takes: its calls always take
+# the full path)
+REPLAYS = {op: _Op(op, _recorded_run(op)) for op in OPS}
 
 
 def clear():
@@ -94,5 +91,5 @@ def clear():
     settings between calls, since a replay keeps the launches it recorded; tests that need
     calls met for the first time)."""
     _core.clear()
-    for op in OPS:
-        op.clear()
+    for replays in REPLAYS.values():
+        replays.clear()

@@ -87,23 +87,28 @@ cdef class Replay:
     call : moe_numba._gpu.RecordedCall
         The recorded call, after its op ran.
     recorded : tuple
-        ``call.replay(result)``: the C sequence, its kernels' names, the outputs.
+        ``call.replay(outputs)``: the C sequence, its kernels' names, the index of each
+        output's allocation (-1 for None).
+    result : tuple of int
+        Per element of the public result, the position of its output.
     counts : tuple or None
         The capacities of the recorded call, where it staged them.
     """
 
     cdef object _driver, _sequence, _names, _staged, _last
     cdef tuple _outputs, _allocations, _kept
+    cdef readonly tuple result
     cdef int _index, _device_index, _size
     cdef uintptr_t _get_device
 
-    def __init__(self, call, recorded, counts=None):
+    def __init__(self, call, recorded, result, counts=None):
         from ..runtime import _launch, _staged  # (numba: loaded by the recorded call already)
 
         driver = _launch._DRIVER
         self._driver = driver
         self._get_device = driver.get_device_address
         self._sequence, self._names, outputs = recorded
+        self.result = tuple(result)
         self._size = self._sequence.size
         self._outputs = tuple(outputs)
         to_torch = call.library.to_torch
@@ -122,8 +127,9 @@ cdef class Replay:
         self._kept = tuple(call.kept)  # (the sequence's constant addresses point into these)
 
     cdef object run(self, tuple addresses, object counts):
-        """The outputs of a call whose arrays are at ``addresses`` (0 for None), or None where
-        it finds another current device or an allocation not 16-byte aligned. A recording
+        """The outputs of a call whose arrays are at ``addresses`` (0 for None), every one of
+        the op's (None where not asked for), or None where it finds another current device or
+        an allocation not 16-byte aligned. A recording
         that staged its capacities stages ``counts`` (checked ints), or returns None for
         the capacities it staged last: repeated capacities take the full path, which gives
         them a device copy and a replay of their own."""
@@ -196,60 +202,63 @@ cdef object _counts(object tokens_per_expert, long long experts, long long align
     return None if rows < 0 else (counts, rows)
 
 
+cdef tuple _picked(tuple outputs, tuple positions):
+    """The elements of ``outputs`` at ``positions``."""
+    cdef Py_ssize_t j, k, m = PyTuple_GET_SIZE(positions)
+    cdef tuple picked = PyTuple_New(m)
+    cdef object x
+    for j in range(m):
+        k = <object>PyTuple_GET_ITEM(positions, j)
+        x = <object>PyTuple_GET_ITEM(outputs, k)
+        Py_INCREF(x)
+        PyTuple_SET_ITEM(picked, j, x)
+    return picked
+
+
 cdef class ReplayedOp:
-    """The replays of one op on torch CUDA tensors; called as ``replays(arrays, values,
-    tokens_per_expert)`` (the op's arrays and the values of its scalar arguments, both as
-    tuples), the outputs of a call that a replay repeats, else None.
+    """The replays of one op (:mod:`moe_numba._ops`) on torch CUDA tensors. Called as
+    ``replays(arrays, scalars, capacities)`` (the op's NamedTuples, and a permute's
+    ``tokens_per_expert``), the public result of a call that a replay repeats, else None;
+    :meth:`outputs` gives every output instead.
 
     Parameters
     ----------
+    op : moe_numba._ops.Op
+        The op: its scalars' ``validate`` decides whether a call may be replayed; an op
+        with capacities (the permute) has keys of their row count (see
+        :mod:`moe_numba.torch._replay`), ignored where ``override_buffer_size >= 0``.
     run : callable
-        ``run(backend, plan, arrays, call)``: the op's outputs for a checked call with
-        ``validate=False`` (``call``: a :class:`~moe_numba._gpu.RecordedCall`, or None).
-    names : tuple of str
-        The names of the op's scalar arguments, in the order of ``values`` (the op's
-        scalars dict): ``validate`` among them.
-    differentiable : tuple of int
-        The indices of the arrays that autograd records the op for.
-    counted : bool
-        Whether the op takes ``tokens_per_expert`` (ignored when the scalar
-        ``override_buffer_size`` is >= 0), and has keys of their row count (see
-        :mod:`moe_numba.torch._replay`).
+        ``run(backend, plan, arrays, call)``: the op's outputs NamedTuple for a checked call
+        with ``validate=False`` (``call``: a :class:`~moe_numba._gpu.RecordedCall`, or None).
     """
 
     cdef object _run
     cdef tuple _differentiable
     cdef bint _counted
-    cdef Py_ssize_t _validate, _override, _experts, _alignment
+    cdef public unsigned long long runs  # calls that a replay repeated
     cdef object _replays  # BoundedCache: keys -> replays
     cdef dict _found  # the replays' entries (looked up here, put through the cache)
 
-    def __init__(self, run, names, differentiable=(), counted=False):
-        names = tuple(names)
+    def __init__(self, op, run):
         self._run = run
-        self._differentiable = tuple(differentiable)
-        self._counted = counted
-        self._validate = names.index("validate")
-        if counted:
-            self._override = names.index("override_buffer_size")
-            self._experts = names.index("num_experts")
-            self._alignment = names.index("padding_alignment")
+        self._differentiable = op.differentiable_indices
+        self._counted = op.capacities
         self._replays = BoundedCache(256)
         self._found = self._replays.entries
 
-    cdef object _key(self, tuple arrays, tuple values, object tokens_per_expert):
-        if values[self._validate] is not False:  # (only direct calls get here: _route)
+    cdef object _key(self, tuple arrays, object scalars, object tokens_per_expert):
+        if scalars.validate is not False:  # (only direct calls get here: _route)
             return None
-        bools = _scalar_types(values)
+        bools = _scalar_types(<tuple>scalars)
         if bools is None:
             return None
         counts = rows = None
         if self._counted:
-            override = values[self._override]
+            override = scalars.override_buffer_size
             if not (type(override) is int and override >= 0):
                 try:
                     found = _counts(
-                        tokens_per_expert, values[self._experts], values[self._alignment]
+                        tokens_per_expert, scalars.num_experts, scalars.padding_alignment
                     )
                 except OverflowError:  # (E or A past int64)
                     return None
@@ -265,10 +274,11 @@ cdef class ReplayedOp:
                 if x is not None and x.requires_grad:
                     return None
         key, addresses = tensors
+        # (the scalars NamedTuple is a tuple: it hashes and compares by its values)
         return (
-            (key, values, bools, counts),
+            (key, scalars, bools, counts),
             addresses,
-            None if rows is None else (key, values, bools, rows),
+            None if rows is None else (key, scalars, bools, rows),
         )
 
     def clear(self):
@@ -277,36 +287,55 @@ cdef class ReplayedOp:
         keeps the launches it recorded)."""
         self._replays.clear()
 
-    def key(self, arrays, tuple values, tokens_per_expert=None):
+    def key(self, arrays, scalars, tokens_per_expert=None):
         """``(key, addresses, rows key)`` of a call that a replay may repeat, else None. The
         rows key is the key with the capacities' row count in their place, or None for a
         call without capacities."""
-        return self._key(<tuple>arrays, values, tokens_per_expert)
+        return self._key(<tuple>arrays, scalars, tokens_per_expert)
 
-    def __call__(self, arrays, tuple values, tokens_per_expert=None):
-        # (``arrays``: the op's NamedTuple, a tuple subclass, read as a tuple)
-        found = self._key(<tuple>arrays, values, tokens_per_expert)
+    cdef object _replayed(self, tuple arrays, object scalars, object tokens_per_expert):
+        """``(replay, its outputs)`` of a call that a replay repeats, else None."""
+        found = self._key(arrays, scalars, tokens_per_expert)
         if found is None:
             return None
         key, addresses, rows_key = <tuple>found
         replay = self._found.get(key)
         if replay is not None:
-            return (<Replay>replay).run(addresses, None)
-        if rows_key is None:
+            outputs = (<Replay>replay).run(addresses, None)
+        else:
+            if rows_key is None:
+                return None
+            replay = self._found.get(rows_key)
+            if replay is None or _capturing():  # (a graph would read the staged block again)
+                return None
+            outputs = (<Replay>replay).run(addresses, (<tuple>key)[3])
+        if outputs is None:
             return None
-        replay = self._found.get(rows_key)
-        if replay is None or _capturing():  # (a graph would read the staged block again)
+        self.runs += 1
+        return replay, outputs
+
+    def __call__(self, arrays, scalars, tokens_per_expert=None):
+        # (``arrays``: the op's NamedTuple, a tuple subclass, read as a tuple)
+        found = self._replayed(<tuple>arrays, scalars, tokens_per_expert)
+        if found is None:
             return None
-        return (<Replay>replay).run(addresses, (<tuple>key)[3])
+        replay, outputs = <tuple>found
+        return _picked(<tuple>outputs, (<Replay>replay).result)
+
+    def outputs(self, arrays, scalars, tokens_per_expert=None):
+        """Every output of a call that a replay repeats (a tuple in the order of the op's
+        outputs, None where not asked for), else None."""
+        found = self._replayed(<tuple>arrays, scalars, tokens_per_expert)
+        return None if found is None else (<tuple>found)[1]
 
     def run(self, backend, plan, arrays, scalars, tokens_per_expert=None):
-        """The outputs of a checked call with ``validate=False`` (``arrays``: the op's
-        NamedTuple, ``scalars``: its dict), recorded, and its replay kept for later calls
-        (never while the stream is being captured: its capacities are kept for the graph,
-        not for eager calls). A recording whose capacities the backend staged (met for the
-        first time) is kept under the rows key, so that new capacities of the same row
-        count replay it; any other under the call's key."""
-        found = self._key(tuple(arrays), tuple(scalars.values()), tokens_per_expert)
+        """The outputs NamedTuple of a checked call with ``validate=False``, recorded, and
+        its replay kept for later calls (never while the stream is being captured: its
+        capacities are kept for the graph, not for eager calls). A recording whose
+        capacities the backend staged (met for the first time) is kept under the rows key,
+        so that new capacities of the same row count replay it; any other under the call's
+        key."""
+        found = self._key(tuple(arrays), scalars, tokens_per_expert)
         if found is None or _capturing():
             return self._run(backend, plan, arrays, None)
         key, _, rows_key = found
@@ -314,8 +343,10 @@ cdef class ReplayedOp:
         outputs = self._run(backend, plan, arrays, call)
         recorded = call.replay(outputs)
         if recorded is not None:
+            positions = {id(x): j for j, x in enumerate(outputs)}
+            result = tuple(positions[id(x)] for x in outputs.result())
             if call.staged:
-                self._replays.put(rows_key, Replay(call, recorded, key[3]))
+                self._replays.put(rows_key, Replay(call, recorded, result, key[3]))
             else:
-                self._replays.put(key, Replay(call, recorded))
+                self._replays.put(key, Replay(call, recorded, result))
         return outputs

@@ -42,9 +42,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import _abi, moe_permute, moe_sort_chunks, moe_unpermute
+from .. import _abi
 from .._capacities import padded
 from .._contract import (
+    PermuteArrays,
+    PermuteScalars,
+    UnpermuteArrays,
+    UnpermuteScalars,
     check_bool,
     check_dtype,
     check_int,
@@ -53,7 +57,9 @@ from .._contract import (
     is_int,
     raise_for_permute_status,
 )
-from .._contract_sort import inverse_order
+from .._contract_sort import SortArrays, SortScalars, inverse_order
+from .._ops import PERMUTE, SORT_CHUNKS, UNPERMUTE
+from . import _front
 from ._agreement import ExpertParallelError, Field, agree
 
 __all__ = [
@@ -188,6 +194,31 @@ class _AllToAll(torch.autograd.Function):
     def backward(ctx, grad):
         input_splits, output_splits = ctx.splits
         return _all_to_all(grad.contiguous(), input_splits, output_splits, ctx.group), *(None,) * 3
+
+
+# The layer's ops, through the torch front (moe_numba.torch._front) with validate=False: the
+# routing map was checked by every rank together before.
+
+
+def _permute(x, routemap, probs, num_experts, counts, alignment):
+    """``moe_permute``'s rows, row map and row probabilities."""
+    arrays = PermuteArrays(x, None, routemap, probs)
+    scalars = PermuteScalars(num_experts, alignment, validate=False)
+    return _front.call(PERMUTE, arrays, scalars, counts)[:3]
+
+
+def _sort(x, sizes, order, probs=None):
+    """``moe_sort_chunks`` of host sizes."""
+    return _front.call(SORT_CHUNKS, SortArrays(x, probs, None), SortScalars(order, sizes, False))
+
+
+def _unpermute(rows, rowmap, routemap, row_probs, num_experts, weighted):
+    """``moe_unpermute``'s combined rows."""
+    arrays = UnpermuteArrays(rows, rowmap, routemap, row_probs)
+    scalars = UnpermuteScalars(
+        rowmap.shape[0], num_experts, using_weighted_combine=weighted, validate=False
+    )
+    return _front.call(UNPERMUTE, arrays, scalars)[0]
 
 
 def _all_to_all(x, output_splits, input_splits, group):
@@ -512,37 +543,26 @@ def expert_parallel_moe(
 
     x = clock.mark(x, None)
     with stage("permute", x):
-        rows, rowmap, row_probs, _ = moe_permute(
-            x, None, routemap, probs, num_experts, local, alignment, validate=False
-        )
+        rows, rowmap, row_probs = _permute(x, routemap, probs, num_experts, local, alignment)
     rows = clock.mark(rows, "permute")
     with stage("all-to-all", x):
         rows_in = _AllToAll.apply(rows, output_splits, input_splits, group)
         probs_in = _AllToAll.apply(row_probs, output_splits, input_splits, group)
     rows_in = clock.mark(rows_in, "all-to-all")
     with stage("sort", x):
-        expert_rows, expert_probs = moe_sort_chunks(rows_in, arriving, order, probs_in)
+        expert_rows, expert_probs = _sort(rows_in, arriving, order, probs_in)
     expert_rows = clock.mark(expert_rows, "sort")
     with stage("experts", x):
         out = _run_experts(expert_fn, expert_rows, tokens_per_expert, expert_probs, agreeing, group)
     out = clock.mark(out, "experts")
     with stage("sort", x):
-        back, _ = moe_sort_chunks(out, [arriving[c] for c in order], inverse_order(order))
+        back, _ = _sort(out, [arriving[c] for c in order], inverse_order(order))
     back = clock.mark(back, "sort")
     with stage("all-to-all", x):
         back = _AllToAll.apply(back, input_splits, output_splits, group)
     back = clock.mark(back, "all-to-all")
     with stage("unpermute", x):
-        y, _ = moe_unpermute(
-            back,
-            rowmap,
-            routemap,
-            row_probs,
-            num_tokens,
-            num_experts,
-            using_weighted_combine=using_weighted_combine,
-            validate=False,
-        )
+        y = _unpermute(back, rowmap, routemap, row_probs, num_experts, using_weighted_combine)
     return clock.mark(y, "unpermute")
 
 
@@ -585,19 +605,7 @@ def single_process_moe(
     if validate:
         _raise_for_routing([words.tolist()], None, routemap.shape[1], num_experts)
     counts = counts.tolist()
-    rows, rowmap, row_probs, _ = moe_permute(
-        x, None, routemap, probs, num_experts, counts, alignment, validate=False
-    )
+    rows, rowmap, row_probs = _permute(x, routemap, probs, num_experts, counts, alignment)
     out = expert_fn(rows, [padded(n, alignment) for n in counts], row_probs)
     out = _check_expert_output(out, rows.shape[0], rows.device)
-    y, _ = moe_unpermute(
-        out,
-        rowmap,
-        routemap,
-        row_probs,
-        x.shape[0],
-        num_experts,
-        using_weighted_combine=using_weighted_combine,
-        validate=False,
-    )
-    return y
+    return _unpermute(out, rowmap, routemap, row_probs, num_experts, using_weighted_combine)

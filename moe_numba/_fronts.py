@@ -1,0 +1,43 @@
+"""Which front serves a call: the core, or the integration of a library with transforms of
+its own.
+
+The core (:mod:`._core`) serves NumPy arrays and CUDA arrays as arrays: it reads them and
+writes outputs of their kind. A library whose tensors carry more than memory (torch's
+autograd, tracing and compilation) has a front of its own, a subpackage with a ``call(op,
+arrays, scalars, capacities=None)`` like :func:`._core.call`, which does what that library
+needs around the core. This module is the table of those fronts; the public functions ask it
+once per call, and it imports nothing a caller has not: a library's front is looked for only
+when the library is in ``sys.modules``, and loaded on its first tensor.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import _core
+
+
+def _torch_front():
+    # (an import statement, not importlib: dynamo traces it while compiling a caller)
+    from .torch import _front
+
+    return _front
+
+
+# (module of the library, the class of its tensors, the loader of its front), in the order
+# they are asked
+FRONTS = (("torch", "Tensor", _torch_front),)
+
+
+def front_of(arrays):
+    """The front that serves a call on ``arrays`` (an op's arrays NamedTuple): a library's
+    own where one of the arrays is its tensor, else the core."""
+    for module, class_name, load in FRONTS:
+        library = sys.modules.get(module)
+        if library is None:
+            continue
+        kind = getattr(library, class_name)
+        for x in arrays:
+            if isinstance(x, kind):
+                return load()
+    return _core
