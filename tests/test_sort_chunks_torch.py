@@ -144,3 +144,25 @@ def test_torch_errors_as_for_numpy():
     # sizes are host values whatever holds them: a CPU tensor with NumPy rows is fine
     y, _ = moe_sort_chunks(np.arange(6.0).reshape(6, 1), torch.tensor([2, 1, 3]), [2, 0, 1])
     assert y.ravel().tolist() == [3.0, 4.0, 5.0, 0.0, 1.0, 2.0]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.(trace|script)` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_jit_trace(requires_grad):
+    """torch.jit.trace records the custom op, and the traced program gives the eager bits,
+    for new inputs too, and its gradient."""
+    torch = _torch()
+
+    def step(x, probs):
+        return moe_sort_chunks(x, [2, 1, 3], [2, 0, 1], probs)
+
+    x = torch.randn(6, 4, requires_grad=requires_grad)
+    probs = torch.rand(6, requires_grad=requires_grad)
+    traced = torch.jit.trace(step, (x, probs), check_trace=False)
+    assert "moe_numba::sort_chunks" in str(traced.graph)
+    x2 = torch.randn(6, 4, requires_grad=requires_grad)
+    for got, expected in zip(traced(x2, probs), step(x2, probs), strict=True):
+        assert torch.equal(got, expected)
+    if requires_grad:
+        traced(x2, probs)[0].sum().backward()
+        assert torch.equal(x2.grad, torch.ones(6, 4))
