@@ -86,7 +86,7 @@ def moe_permute_backward(
         zipped_expertwise_rowmap,
         expert_routemap_topk,
     )
-    scalars = PermuteBackwardScalars(validate=validate)
+    scalars = PermuteBackwardScalars(validate)
     return front_of(arrays).call(PERMUTE_BACKWARD, arrays, scalars)
 
 
@@ -182,7 +182,5 @@ def moe_unpermute_backward(
         expert_routemap_topk,
         token_prob_unzipped,
     )
-    scalars = UnpermuteBackwardScalars(
-        using_weighted_combine=using_weighted_combine, num_rows=num_rows, validate=validate
-    )
+    scalars = UnpermuteBackwardScalars(using_weighted_combine, num_rows, validate)
     return front_of(arrays).call(UNPERMUTE_BACKWARD, arrays, scalars)

@@ -17,15 +17,17 @@ import sys
 from . import _core
 
 
-def _torch_front():
-    # (an import statement, not importlib: dynamo traces it while compiling a caller)
-    from .torch import _front
+def _torch_front(torch):
+    # a dict lookup once imported; an import statement while dynamo traces (it would guard
+    # on the lookup, which the import then changes; it traces the statement itself)
+    front = None if torch.compiler.is_compiling() else sys.modules.get("moe_numba.torch._front")
+    if front is None:
+        from .torch import _front as front
+    return front
 
-    return _front
 
-
-# (module of the library, the class of its tensors, the loader of its front), in the order
-# they are asked
+# (module of the library, the class of its tensors, the loader of its front given the
+# library), in the order they are asked
 FRONTS = (("torch", "Tensor", _torch_front),)
 
 
@@ -39,5 +41,5 @@ def front_of(arrays):
         kind = getattr(library, class_name)
         for x in arrays:
             if isinstance(x, kind):
-                return load()
+                return load(library)
     return _core

@@ -20,23 +20,27 @@ from moe_numba import (
     moe_unpermute,
     moe_unpermute_backward,
 )
+from moe_numba._ops import PERMUTE  # noqa: E402
 
 pytestmark = CUDA.marks
 
 
+OPS = ("permute", "unpermute", "permute_backward", "unpermute_backward", "sort_chunks")
+
+
 class _ReplaysRun:
-    """``counter["calls"]``: the replays that ran since the counter was made (a replay that
-    finds it cannot run is not one)."""
+    """``counter["calls"]``: the replays of every op that ran since the counter was made (a
+    replay that finds it cannot run is not one), as ``moe_numba.torch.routes`` counts them."""
 
     def __init__(self):
-        from moe_numba.torch import _replay
+        from moe_numba.torch import routes
 
-        self._run = _replay.replays_run
-        self._start = self._run()
+        self._routes = routes
+        routes.reset()
 
     def __getitem__(self, name):
         assert name == "calls"
-        return self._run() - self._start
+        return sum(self._routes[op, "replay"] for op in OPS)
 
 
 @pytest.fixture
@@ -366,7 +370,7 @@ def test_cleared_replays_record_anew(replays):
     for _ in range(3):
         _permute(t, case)
     assert replays["calls"] == 1
-    _replay.PERMUTE.clear()  # (the backend keeps its device copy of the capacities)
+    _replay.REPLAYS[PERMUTE].clear()  # (the backend keeps its device copy of the capacities)
     for n in (1, 2, 3):  # full path (its capacities' device copy kept), replayed, replayed
         _assert_outputs(_permute(t, case), expected)
         assert replays["calls"] == n

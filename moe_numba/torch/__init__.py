@@ -9,8 +9,8 @@ passes) and gradients (docs/gradients.rst). CPU tensors run on the Cython backen
 NumPy views of their memory; CUDA tensors run the numba.cuda kernels on torch's current
 stream.
 
-:data:`routes` counts the calls that took the direct route and the custom op, per op (a
-replay is counted by ``moe_numba.torch._replay.replays_run``): where a call's host time goes.
+:data:`routes` counts the calls of each op per route (replay, direct, custom op): where a
+program's calls go, and so where their host time goes.
 
 Importing this package registers the ops; the public functions import it on their first call
 with a torch tensor, so ``import moe_numba`` never imports torch.

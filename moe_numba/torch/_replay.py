@@ -43,9 +43,9 @@ from .. import _core
 from .._ops import OPS
 
 try:  # (built with the C launcher: without it nothing is recorded)
-    from ._replay_c import ReplayedOp, replays_run
+    from ._replay_c import ReplayedOp
 except ImportError:
-    ReplayedOp = replays_run = None
+    ReplayedOp = None
 
 
 class _Unrecorded:

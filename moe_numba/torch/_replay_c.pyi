@@ -3,8 +3,6 @@ from typing import Any
 
 from typing_extensions import disjoint_base
 
-def replays_run() -> int: ...
-
 @disjoint_base
 class Replay:
     result: tuple[int, ...]

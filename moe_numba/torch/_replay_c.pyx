@@ -30,14 +30,6 @@ cdef object _raw_alloc = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_alloc
 cdef object _raw_delete = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_delete", None)
 cdef object _grad_enabled = torch.is_grad_enabled
 
-cdef unsigned long long _runs = 0  # replays that ran
-
-
-def replays_run():
-    """How many replays have run in this process (the tests count them)."""
-    return _runs
-
-
 cdef tuple _tensors(tuple arrays):
     """``(key, addresses)`` of a call's arrays: per tensor its shape, dtype, device and low
     address bits (contiguous: its strides follow from its shape), and its address; per None,
@@ -133,7 +125,6 @@ cdef class Replay:
         that staged its capacities stages ``counts`` (checked ints), or returns None for
         the capacities it staged last: repeated capacities take the full path, which gives
         them a device copy and a replay of their own."""
-        global _runs
         cdef int device = -1
         if counts is not None and counts == self._last:
             return None
@@ -179,7 +170,6 @@ cdef class Replay:
         if failed is not None:
             step, err = failed
             raise self._driver.error(err, self._names[step])
-        _runs += 1
         cdef Py_ssize_t m = PyTuple_GET_SIZE(self._outputs)
         cdef tuple result = PyTuple_New(m)
         cdef object out
