@@ -10,23 +10,14 @@ import numpy as np
 import pytest
 
 from _cases import assert_same_bits
+from benchmarks import bench, cpu, cuda, numpy_baseline, records, report, timers
+from benchmarks import bytes as _bytes
+from benchmarks import cases as _cases
+from benchmarks.cases import Case
+from benchmarks.records import Result
+from benchmarks.run import Settings, run
+from benchmarks.target import CpuTarget
 from moe_numba import _oracle, moe_permute
-from moe_numba.__main__ import main
-from moe_numba.bench import (
-    Settings,
-    _bytes,
-    _cases,
-    _cpu,
-    _cuda,
-    _numpy,
-    _report,
-    _results,
-    _timers,
-    run,
-)
-from moe_numba.bench._cases import Case
-from moe_numba.bench._results import Result
-from moe_numba.bench._target import CpuTarget
 
 TINY = dict(tokens=16, hidden=8, experts=4, topk=2, alignment=4)
 TINY_ARGS = [f"--{k}={v}" for k, v in TINY.items()] + ["--repeat=1"]
@@ -69,14 +60,14 @@ def test_numpy_baselines_follow_the_contract():
     case = Case(tokens=33, hidden=16, experts=6, topk=3, alignment=4, dtype="bf16")
     x = _cases.make_inputs(case, seed=3)
     expected, _ = _oracle.permute(x.hidden, None, x.routemap, x.probs, 6, x.counts, 4)
-    rows, rowmap, row_probs = _numpy.permute(x.hidden, x.routemap, x.probs, x.counts, 4)
+    rows, rowmap, row_probs = numpy_baseline.permute(x.hidden, x.routemap, x.probs, x.counts, 4)
     assert_same_bits(rows, expected[0], "rows")
     assert_same_bits(rowmap, expected[1], "rowmap")
     assert_same_bits(row_probs, expected[2], "row probabilities")
     (combined, _), _ = _oracle.unpermute(
         rows, rowmap, x.routemap, row_probs, 33, 6, using_weighted_combine=True
     )
-    baseline = _numpy.unpermute(rows, rowmap, x.routemap, row_probs)
+    baseline = numpy_baseline.unpermute(rows, rowmap, x.routemap, row_probs)
     # rounded products summed in slot order, not the contract's fma in expert order
     np.testing.assert_allclose(
         baseline.astype(np.float32), combined.astype(np.float32), rtol=2**-7, atol=2**-7
@@ -118,13 +109,13 @@ def test_result_figures():
 def test_json_round_trip(tmp_path):
     path = tmp_path / "run.json"
     results = _gpu_results()
-    _results.save(path, "cuda (torch arrays)", results)
+    records.save(path, "cuda (torch arrays)", results)
     document = json.loads(path.read_text())
-    assert document["format"] == _results.FORMAT
+    assert document["format"] == records.FORMAT
     first = document["results"][0]
     assert first["us"] == {"gpu": 10.0, "one_call": 50.0, "host": 30.0, "host_busy": 20.0}
     assert first["copy_us"]["gpu"] == 8.0 and first["percent"] == pytest.approx(80.0)
-    backend, loaded = _results.load(path)
+    backend, loaded = records.load(path)
     assert backend == "cuda (torch arrays)"
     assert loaded == results
 
@@ -160,14 +151,14 @@ def test_load_refuses_what_it_cannot_read(tmp_path, text, message):
     if text is not None:
         path.write_text(text)
     with pytest.raises(ValueError, match=message):
-        _results.load(path)
+        records.load(path)
 
 
 # ------------------------------------------------------------------------------ table, compare
 
 
 def test_table_of_gpu_results(capsys):
-    _report.print_table(_gpu_results())
+    report.print_table(_gpu_results())
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["operation", "GPU", "us", "GB/s", "%", "copy", "1-call", "us"] + [
         "host",
@@ -195,7 +186,7 @@ def test_table_of_cpu_results(capsys):
     results = [
         Result(BF16, "permute", 3_000_000, {"wall": 1000.0}, {"wall": 500.0}, numpy_us=9000.0)
     ]
-    _report.print_table(results)
+    report.print_table(results)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["operation", "wall", "us", "GB/s", "%", "copy", "vs", "NumPy"]
     assert lines[3].split() == ["copy", "for", "permute", "500.0", "6.0", "100.0%"]
@@ -208,7 +199,7 @@ def test_comparison(capsys):
         _gpu_result(BF16, "permute", 2_000_000, 20.0, 8.0, one_call=100.0, host=15.0),
         _gpu_result(BF16, "unpermute weighted", 1_000_000, 5.0, 10.0),
     ]
-    _report.print_comparison(new, old, "old.json")
+    report.print_comparison(new, old, "old.json")
     out = capsys.readouterr().out
     assert "compared with old.json: old time / new time (> 1: faster now)" in out
     permute = next(line for line in out.splitlines() if line.strip().startswith("permute  "))
@@ -222,14 +213,14 @@ def test_comparison(capsys):
 
 def test_comparison_across_backends_says_there_is_nothing_to_compare(capsys):
     cpu = Result(BF16, "permute", 2_000_000, {"wall": 900.0}, {"wall": 500.0})
-    _report.print_comparison([_gpu_results()[0]], [cpu], "cpu.json")
+    report.print_comparison([_gpu_results()[0]], [cpu], "cpu.json")
     out = capsys.readouterr().out
     assert out.count("(measured in other modes there: wall)") == 2  # the copy and the op
 
 
 def test_plot(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the bench extra")
-    from moe_numba.bench._plot import plot
+    from benchmarks.plot import plot
 
     results = [
         _gpu_result(Case(t, 64, 8, 2, 16, "bf16"), "permute", 1000 * t, t / 100, t / 120)
@@ -285,7 +276,7 @@ class _FakeHold:
 
 def _timer(elapsed_ms=0.5, **kwargs):
     log = []
-    timer = _timers.CudaTimer(
+    timer = timers.CudaTimer(
         cuda=_FakeCuda(log, elapsed_ms), hold=_FakeHold(log), **dict(repeat=2, batch=3, **kwargs)
     )
     return timer, log
@@ -331,11 +322,11 @@ def test_busy_host_mode_of_a_synchronizing_call_runs_back_to_back_without_the_ho
 def test_timers_report_every_mode_after_warm_up():
     timer, log = _timer(warmup=4)
     figures = timer.time(lambda: log.append("call"))
-    assert tuple(figures) == _results.CUDA_MODES
+    assert tuple(figures) == records.CUDA_MODES
     assert log[:4] == ["call"] * 4 and log[4] == "hold"
     calls = []
-    wall = _timers.WallTimer(repeat=3, warmup=2).time(lambda: calls.append(1))
-    assert tuple(wall) == _results.CPU_MODES and wall["wall"] > 0 and len(calls) == 5
+    wall = timers.WallTimer(repeat=3, warmup=2).time(lambda: calls.append(1))
+    assert tuple(wall) == records.CPU_MODES and wall["wall"] > 0 and len(calls) == 5
 
 
 # ------------------------------------------------------------------------------ the benches
@@ -353,7 +344,7 @@ class _FixedTimer:
         self.hold_timeouts = 1
         self.timed.append(synchronizes)
         us = 1.0 if len(self.timed) in (1, 4) else 2.0  # the copies come first of each op
-        return dict.fromkeys(_results.CUDA_MODES, us)
+        return dict.fromkeys(records.CUDA_MODES, us)
 
 
 def test_cuda_bench_times_every_operation_against_a_copy(capsys):
@@ -361,7 +352,7 @@ def test_cuda_bench_times_every_operation_against_a_copy(capsys):
     GPU-specific parts): the operations, their bytes and copies, the hold warning."""
     case = Case(**TINY, dtype="bf16")
     timer = _FixedTimer()
-    results = _cuda.bench_case(case, CpuTarget(), timer)
+    results = cuda.bench_case(case, CpuTarget(), timer)
     assert [r.op for r in results] == [
         "permute",
         "permute validate=False",
@@ -378,17 +369,17 @@ def test_cuda_bench_times_every_operation_against_a_copy(capsys):
 
 def test_cpu_bench_prints_saves_and_compares(tmp_path, capsys):
     path = tmp_path / "run.json"
-    assert main(["bench", "--backend=cpu", *TINY_ARGS, f"--json={path}"]) == 0
+    assert bench.main(["--backend=cpu", *TINY_ARGS, f"--json={path}"]) == 0
     captured = capsys.readouterr()
     assert "[1/1] bf16 T=16 H=8 E=4 K=2 A=4" in captured.err  # progress, as the shape starts
     assert "% copy" in captured.out and "bf16 T=16 H=8 E=4 K=2 A=4" in captured.out
-    backend, results = _results.load(path)
+    backend, results = records.load(path)
     assert backend.startswith("cpu (NumPy arrays")
     assert [r.op for r in results] == ["permute", "unpermute weighted"]
     for r in results:
         assert tuple(r.us) == tuple(r.copy_us) == ("wall",)
         assert r.us["wall"] > 0 and r.copy_us["wall"] > 0 and r.numpy_us > 0
-    assert main(["bench", "--backend=cpu", *TINY_ARGS, f"--compare={path}"]) == 0
+    assert bench.main(["--backend=cpu", *TINY_ARGS, f"--compare={path}"]) == 0
     out = capsys.readouterr().out
     assert f"compared with {path}" in out and "not in" not in out
 
@@ -397,13 +388,13 @@ def test_a_run_prints_each_shape_as_it_finishes(monkeypatch, capsys):
     """A sweep prints a shape's rows before the next shape starts, the titles once."""
     cases = [Case(**TINY, dtype="bf16"), Case(**dict(TINY, tokens=32), dtype="bf16")]
     printed_before = []
-    bench_case = _cpu.bench_case
+    bench_case = cpu.bench_case
 
     def recording(case, target, timer):
         printed_before.append(capsys.readouterr().out)
         return bench_case(case, target, timer)
 
-    monkeypatch.setattr(_cpu, "bench_case", recording)
+    monkeypatch.setattr(cpu, "bench_case", recording)
     assert run(Settings(CpuTarget(), cases, repeat=1)) == 0
     last = capsys.readouterr().out
     assert printed_before[0] == ""
@@ -414,7 +405,7 @@ def test_a_run_prints_each_shape_as_it_finishes(monkeypatch, capsys):
 def test_each_operation_gets_its_copy_row_even_at_equal_bytes(capsys):
     """A permute and an unpermute that move the same bytes each have their copy row (the
     permute's options share it)."""
-    _report.print_table(
+    report.print_table(
         [
             _gpu_result(BF16, "permute", 1_000_000, 10.0, 8.0),
             _gpu_result(BF16, "permute validate=False", 1_000_000, 9.0, 8.0),

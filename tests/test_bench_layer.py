@@ -1,10 +1,10 @@
-"""The experts-layer benchmark (``python -m moe_numba layer``): its command line and its
+"""The experts-layer benchmark (``python -m benchmarks layer``): its command line and its
 refusal to run without a CUDA GPU (the timing itself needs one)."""
 
 import pytest
 
-from moe_numba.__main__ import main as command_line
-from moe_numba.bench import _layer
+from benchmarks import layer as _layer
+from benchmarks.__main__ import main as command_line
 
 
 def test_defaults_cover_every_model_size_and_implementation():
@@ -55,7 +55,7 @@ def test_the_command_line_hands_every_option_to_the_layer_bench(capsys):
         command_line(["layer", "--help"])
     assert raised.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: python -m moe_numba layer")
+    assert out.startswith("usage: python -m benchmarks layer")
     assert "--models" in out and "--batched-limit-gib" in out
     with pytest.raises(SystemExit) as raised:
         command_line(["layer", "--tokens", "0"])
@@ -70,15 +70,16 @@ def test_the_command_line_lists_the_layer_bench(capsys):
 
 
 def test_the_permute_and_unpermute_are_timed_beside_a_copy_of_their_bytes(monkeypatch):
-    """The copy moves what the layer's permute and unpermute move (docs: bench/_bytes.py):
+    """The copy moves what the layer's permute and unpermute move (benchmarks/bytes.py):
     (T + TK) + (TK + T) rows forward, 4T + 5TK with backward (the layer's buffer is
     unpadded); the timed call runs both ops, and their backward when a gradient is given."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     import types
 
+    from benchmarks import target as _target
+    from benchmarks import timers as _timers
     from moe_numba import transformers as backend
-    from moe_numba.bench import _target, _timers
 
     copies, runs = [], []
 

@@ -3,7 +3,7 @@
 import pytest
 
 from _torch_cases import CUDA
-from moe_numba.bench import _memory as _memory_bench
+from benchmarks import memory as _memory_bench
 
 KIB = 1024
 

@@ -7,18 +7,18 @@ import sys
 import time
 from dataclasses import dataclass
 
-from . import _results
-from ._report import print_comparison, print_table
+from . import records
+from .report import print_comparison, print_table
 
 
 @dataclass(frozen=True)
 class Settings:
-    """A run, its options checked (``python -m moe_numba bench`` builds it).
+    """A run, its options checked (``python -m benchmarks bench`` builds it).
 
     Attributes
     ----------
     target : CpuTarget or CudaTarget
-        Where to run (:mod:`._target`).
+        Where to run (:mod:`.target`).
     cases : list of Case
         The shapes, in order.
     repeat : int
@@ -30,7 +30,7 @@ class Settings:
     plot : str or None
         Where to save the plot.
     peers : PeerBench or None
-        Time the peers' ops beside moe-numba's (:mod:`._peers`), loaded.
+        Time the peers' ops beside moe-numba's (:mod:`.peers`), loaded.
     """
 
     target: object
@@ -52,11 +52,11 @@ def run(settings):
         file=sys.stderr,
     )
     if target.device == "cuda":
-        from . import _cuda as backend
-        from ._timers import CudaTimer as Timer
+        from . import cuda as backend
+        from .timers import CudaTimer as Timer
     else:
-        from . import _cpu as backend
-        from ._timers import WallTimer as Timer
+        from . import cpu as backend
+        from .timers import WallTimer as Timer
     timer = Timer(settings.repeat)
     peers = settings.peers
     bench_case = backend.bench_case if peers is None else peers.bench_case
@@ -76,11 +76,11 @@ def run(settings):
         sys.stdout.flush()
         results += found
         if settings.json:  # after every shape, so that a run cut short keeps what it measured
-            _results.save(settings.json, target.description, results)
+            records.save(settings.json, target.description, results)
     if settings.previous:
         print_comparison(results, settings.previous[1], settings.previous[0])
     if settings.plot:
-        from ._plot import plot
+        from .plot import plot
 
         plot(results, settings.plot, target.description)
     return 0 if peers is None else peers.status()

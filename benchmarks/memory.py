@@ -4,7 +4,7 @@ The layer without the experts' GEMMs: permute -> each row times its probability 
 "expert", as in docs/examples/moe_layer.py) -> unweighted unpermute; or, with ``--weighted``,
 permute -> unpermute with the weighted combine. Run on a CUDA GPU::
 
-    python -m moe_numba.bench._memory --json memory.json
+    python -m benchmarks memory --json memory.json
 
 :func:`measure` takes any step function, so a benchmark can time a peer's layer (Transformer
 Engine's, say) on the same inputs and compare the figures.
@@ -17,7 +17,7 @@ import json
 
 import torch
 
-from .. import moe_permute, moe_unpermute
+from moe_numba import moe_permute, moe_unpermute
 
 
 def measure(step, *args):
@@ -122,7 +122,9 @@ def report(num_tokens, hidden, topk, num_experts, alignment, weighted=False):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks memory", description=__doc__.partition("\n\n")[0]
+    )
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--hidden", type=int, default=7168)
     parser.add_argument("--topk", type=int, default=8)

@@ -2,10 +2,10 @@
 
 ::
 
-    python -m moe_numba.bench._gradients [--tokens 16384] [--hidden 7168] [--experts 64]
+    python -m benchmarks gradients [--tokens 16384] [--hidden 7168] [--experts 64]
         [--topk 8] [--alignment 128] [--dtype bf16] [--repeat 15] [--check] [--json PATH]
 
-prints the bench's table (:func:`._report.print_table`: GPU time per call with the host
+prints the bench's table (:func:`.report.print_table`: GPU time per call with the host
 running ahead, one call's latency after a host sync, host time per call, GB/s and % of the
 copy) for, each with ``validate=True`` and ``validate=False``:
 
@@ -16,7 +16,7 @@ copy) for, each with ``validate=True`` and ``validate=False``:
   too: they are zeroed);
 - ``unpermute_backward``: unweighted; reads dY, writes dXu.
 
-Index and probability traffic is not counted (as in :mod:`._bytes`). The inputs come from a
+Index and probability traffic is not counted (as in :mod:`.bytes`). The inputs come from a
 forward ``moe_permute`` of the case's rows on the GPU, so the row map is the real layout.
 ``--check`` first compares every output with the CPU backend's, bit for bit.
 """
@@ -28,13 +28,14 @@ import sys
 
 import numpy as np
 
-from .. import moe_permute, moe_permute_backward, moe_unpermute_backward
-from . import _results
-from ._bytes import padded_rows
-from ._cases import DTYPES, Case, defaults, make_inputs
-from ._report import print_table
-from ._target import choose
-from ._workload import Operation, time_operations
+from moe_numba import moe_permute, moe_permute_backward, moe_unpermute_backward
+
+from . import records
+from .bytes import padded_rows
+from .cases import DTYPES, Case, defaults, make_inputs
+from .report import print_table
+from .target import choose
+from .workload import Operation, time_operations
 
 
 def _name(op, validate):
@@ -89,7 +90,7 @@ def _forward(case, inputs, target):
 
 
 def operations(case, target, validates=(True, False)):
-    """The gradient calls of ``case`` on ``target`` as timed :class:`._workload.Operation`
+    """The gradient calls of ``case`` on ``target`` as timed :class:`.workload.Operation`
     (inputs uploaded once), once per value in ``validates``."""
     ops = []
     for name, (op, nbytes, arrays, flags) in gradient_calls(case, target).items():
@@ -120,7 +121,7 @@ def check(case, target):
 
 def main(argv=None):
     """The command line of the module docstring; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m moe_numba.bench._gradients")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks gradients")
     for name, value in defaults("cuda").items():
         kind = str if name == "dtype" else int
         choices = [d for d in DTYPES if d != "fp8"] if name == "dtype" else None
@@ -134,13 +135,13 @@ def main(argv=None):
     target = choose("cuda")
     if args.check:
         check(case, target)
-    from ._timers import CudaTimer
+    from .timers import CudaTimer
 
     results = time_operations(case, operations(case, target), target, CudaTimer(args.repeat))
     print(f"{target.description}; {case.label()}")
     print_table(results)
     if args.json:
-        _results.save(args.json, target.description, results)
+        records.save(args.json, target.description, results)
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ._results import MODE_TITLES
+from .records import MODE_TITLES
 
 _OP = 44  # width of the operation column (indented under its case)
 

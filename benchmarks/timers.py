@@ -1,16 +1,16 @@
-"""Timers: medians, after warm-up, of a call's time in each mode of :mod:`._results`."""
+"""Timers: medians, after warm-up, of a call's time in each mode of :mod:`.records`."""
 
 from __future__ import annotations
 
 import statistics
 import time
 
-from ._results import CPU_MODES, CUDA_MODES
+from .records import CPU_MODES, CUDA_MODES
 
 
 def _hold():
     """A new stream hold: the one place that imports the bench's holding kernel."""
-    from ._hold import Hold
+    from .hold import Hold
 
     return Hold()
 
@@ -63,7 +63,7 @@ class CudaTimer:
         default.
     hold : object, optional
         A stream hold with ``start()``, ``release()``, ``finished()`` and ``timed_out``
-        (:class:`moe_numba.bench._hold.Hold` by default).
+        (:class:`benchmarks.hold.Hold` by default).
     """
 
     modes = CUDA_MODES

@@ -2,7 +2,7 @@
 
 ::
 
-    python -m moe_numba layer [--models qwen3-30b-a3b,mixtral-8x7b,deepseek-v3,gpt-oss-20b]
+    python -m benchmarks layer [--models qwen3-30b-a3b,mixtral-8x7b,deepseek-v3,gpt-oss-20b]
         [--tokens 16,512,4096,16384] [--impls moe_numba,grouped_mm,batched_mm,eager]
         [--iters 10] [--warmup 3] [--json PATH]
 
@@ -84,7 +84,7 @@ def _tokens(text):
 def parse_args(argv=None):
     """The command line, checked (``SystemExit`` with a message for a bad one)."""
     parser = argparse.ArgumentParser(
-        prog="python -m moe_numba layer",
+        prog="python -m benchmarks layer",
         description="Time the transformers experts layer: moe-numba against transformers' "
         "grouped_mm, batched_mm and eager (CUDA GPU only).",
     )
@@ -125,19 +125,20 @@ def main(argv=None):
         import torch
     except ImportError:
         raise SystemExit(
-            "python -m moe_numba layer needs torch with CUDA: pip install torch"
+            "python -m benchmarks layer needs torch with CUDA: pip install torch"
         ) from None
     if not torch.cuda.is_available():
         raise SystemExit(
-            "python -m moe_numba layer needs a CUDA GPU: torch.cuda.is_available() is False"
+            "python -m benchmarks layer needs a CUDA GPU: torch.cuda.is_available() is False"
         )
     try:
         from transformers.integrations.moe import ExpertsInterface  # noqa: F401
     except ImportError:
         raise SystemExit(
-            "python -m moe_numba layer needs transformers>=5: pip install 'moe-numba[transformers]'"
+            "python -m benchmarks layer needs transformers>=5: "
+            "pip install 'moe-numba[transformers]'"
         ) from None
-    from .. import transformers as backend
+    from moe_numba import transformers as backend
 
     backend.register()
     results = []
@@ -240,14 +241,14 @@ def _case(torch, backend, experts, top_k, tokens, backward, args):
 
 
 def _against_copy(torch, backend, x, index, weights, num_experts, grad, args):
-    """GPU microseconds per call, the host running ahead (:meth:`._timers.CudaTimer.gpu_us`),
+    """GPU microseconds per call, the host running ahead (:meth:`.timers.CudaTimer.gpu_us`),
     of the layer's permute and unpermute on its cleaned-up routing (with their backward
     when ``grad`` is given), and of a device copy of the bytes they move
-    (:mod:`._bytes`: the layer's buffer is unpadded, so its routed rows are T*K)."""
-    from ._bytes import permute_bytes, step_bytes, unpermute_bytes
-    from ._cases import Case
-    from ._target import CudaTarget
-    from ._timers import CudaTimer
+    (:mod:`.bytes`: the layer's buffer is unpadded, so its routed rows are T*K)."""
+    from .bytes import permute_bytes, step_bytes, unpermute_bytes
+    from .cases import Case
+    from .target import CudaTarget
+    from .timers import CudaTimer
 
     tokens, top_k = index.shape
     case = Case(tokens, x.shape[1], num_experts, top_k, 1, "bf16")

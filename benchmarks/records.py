@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 
-from ._cases import Case
+from .cases import Case
 
 CUDA_MODES = ("gpu", "one_call", "host", "host_busy")
 CPU_MODES = ("wall",)
@@ -46,7 +46,7 @@ class Result:
     op : str
         The operation, e.g. ``"permute validate=False"``.
     nbytes : int
-        Bytes the call must move (:mod:`._bytes`).
+        Bytes the call must move (:mod:`.bytes`).
     us : dict
         Median microseconds per call, by mode (:data:`CUDA_MODES` or :data:`CPU_MODES`).
     copy_us : dict
