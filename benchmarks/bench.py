@@ -9,35 +9,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 
-from moe_numba.__main__ import (
-    LIMITS,
-    MEANINGS,
-    add_number,
-    backend_option,
-    check_fits,
-    check_topk,
-    choose_target,
-)
+from moe_numba.__main__ import backend_option, check_fits, check_topk, choose_target
 
 from . import cases, footprint, peers, records
+from .options import check_writable, number
 from .run import Settings, run
 from .target import choose
 
-# the bench's own numeric options beside the shape options of the package's command line
-BENCH_LIMITS = {**LIMITS, "alignment": (1, 1 << 12), "repeat": (1, 1000)}
-BENCH_MEANINGS = {
-    **MEANINGS,
-    "alignment": "padding alignment A (rows)",
-    "repeat": "timed repetitions per measurement",
-}
 SHAPE_OPTIONS = ("tokens", "hidden", "experts", "topk", "alignment", "dtype")
-
-
-def number(parser, name, default=None, default_text=None):
-    """Add the bench's integer option ``--name`` (its limits: :data:`BENCH_LIMITS`)."""
-    add_number(parser, name, BENCH_LIMITS[name], BENCH_MEANINGS[name], default, default_text)
 
 
 def parser():
@@ -79,15 +59,6 @@ def parser():
     )
     peers.add_options(bench)
     return bench
-
-
-def check_writable(parser, option, path):
-    """``parser.error`` unless ``path`` can be a file written by ``option``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        parser.error(f"argument {option}: {path} is a folder; give a file name")
-    if not os.path.isdir(folder):
-        parser.error(f"argument {option}: cannot write {path}: folder {folder} does not exist")
 
 
 def settings(parser, args, choose=choose):

@@ -20,7 +20,9 @@ import socket
 import torch
 import torch.distributed as dist
 
-from moe_numba.__main__ import add_number, check_topk
+from moe_numba.__main__ import check_topk
+
+from .options import number
 
 
 def grouped_gemm(weights):
@@ -138,17 +140,8 @@ def _worker(rank, ranks, port, options, results):
         dist.destroy_process_group()
 
 
-# name -> (low, high), meaning, default; the upper bounds catch typos
-NUMBERS = {
-    "ranks": ((1, 64), "processes started on this machine (not under torchrun)", 2),
-    "tokens": ((1, 1 << 20), "tokens T per rank", 4096),
-    "hidden": ((1, 1 << 16), "hidden width H", 1024),
-    "experts": ((1, 1 << 12), "experts E, a multiple of the ranks", 16),
-    "topk": ((1, 1 << 12), "experts per token K (distinct, so at most E)", 4),
-    "alignment": ((1, 1 << 12), "padding alignment A (rows)", 1),
-    "steps": ((1, 1000), "timed training steps", 5),
-    "warmup": ((0, 1000), "untimed steps before them", 2),
-}
+DEFAULTS = dict(ranks=2, tokens=4096, hidden=1024, experts=16, topk=4, alignment=1, steps=5)
+DEFAULTS.update(warmup=2)
 
 
 def parser():
@@ -159,15 +152,15 @@ def parser():
         "machine's CPUs, or, under torchrun, the processes torchrun started (NCCL where each "
         "has a GPU).",
     )
-    for name, (limits, meaning, default) in NUMBERS.items():
-        add_number(
-            command,
-            name,
-            limits,
-            meaning,
-            default=None if name == "ranks" else default,
-            default_text=default,
-        )
+    meanings = dict(
+        ranks="processes started on this machine (not under torchrun)",
+        tokens="tokens T per rank",
+        experts="experts E, a multiple of the ranks",
+    )
+    for name, default in DEFAULTS.items():
+        shown = {"topk": f"{default}, or E if fewer"}.get(name, default)
+        given = None if name in ("ranks", "topk") else default
+        number(command, name, given, shown, meanings.get(name))
     command.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     return command
 
@@ -196,18 +189,18 @@ def settings(command, args, world=None):
     elif args.ranks is not None:
         ranks, source = args.ranks, f"--ranks {args.ranks}"
     else:
-        ranks, source = NUMBERS["ranks"][2], f"the default --ranks {NUMBERS['ranks'][2]}"
-    check_topk(command, args.topk, args.experts)
+        ranks, source = DEFAULTS["ranks"], f"the default --ranks {DEFAULTS['ranks']}"
     if args.experts % ranks:
         command.error(
             f"argument --experts: must be a multiple of the number of ranks ({source}): each "
             f"rank owns experts / ranks of them; got {args.experts}"
         )
+    topk = check_topk(command, args.topk, args.experts, default=DEFAULTS["topk"])
     options = dict(
         tokens=args.tokens,
         hidden=args.hidden,
         experts=args.experts,
-        topk=args.topk,
+        topk=topk,
         alignment=args.alignment,
         dtype=getattr(torch, args.dtype),
         steps=args.steps,

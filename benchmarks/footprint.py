@@ -1,5 +1,5 @@
-"""The memory a bench shape needs (:mod:`moe_numba._footprint` has the rest: what there is,
-and the refusal): the command line refuses a shape that cannot fit before it allocates
+"""The memory a benchmark's shape needs (:mod:`moe_numba._footprint` has the rest: what there
+is, and the refusal): each command line refuses a shape that cannot fit before it allocates
 anything.
 
 The estimate is the sum of the arrays that are alive together at the run's peak, the
@@ -34,3 +34,33 @@ def bench_need(case, device):
     # the NumPy baseline: its own inputs, its permute, the float32 combine and a gather
     baseline = inputs + permute_output_bytes(t, rows, h, i, e) + 2 * t * h * 4
     return Need(inputs + outputs + copies + max(generating, baseline), 0)
+
+
+def gradients_need(case):
+    """The :class:`Need` of ``python -m benchmarks gradients`` at ``case`` on a GPU: the
+    forward permute and its inputs, the three calls' inputs (uploaded once each) and the
+    largest call's outputs, the largest copy; on the host, the inputs being generated and the
+    forward's rows fetched back."""
+    t, h, e, k, i = case.tokens, case.hidden, case.experts, case.topk, case.itemsize
+    rows = t * k + e * (case.alignment - 1)
+    row = h * i
+    inputs = t * (row + k * 8)
+    forward = inputs + permute_output_bytes(t, rows, h, i, e)
+    grads = 2 * rows * row + t * row + t * k * 4 + rows * 4  # dXu, Xu, dY, g, row probs
+    outputs = rows * row + t * row + t * k * 4
+    copy = (t + t * k + rows) * row
+    generating = t * e * 12 + t * h * 4 + inputs
+    host = generating + permute_output_bytes(t, rows, h, i, e) + grads
+    return Need(host, forward + grads + outputs + copy)
+
+
+def memory_need(tokens, hidden, topk, experts, alignment):
+    """The :class:`Need` of ``python -m benchmarks memory`` on a GPU: a bf16 layer step
+    without the experts' GEMMs (rows, probabilities, routing and the output's gradient in;
+    the permuted rows, their product with the probabilities and both their gradients; the
+    output and the rows' gradient), the float32 draws the inputs come from."""
+    t, h, e, k = tokens, hidden, experts, topk
+    rows = t * k + e * (alignment - 1)
+    inputs = t * (h * 2 + k * 12) + t * h * 2 + t * e * 4 + t * h * 4
+    step = permute_output_bytes(t, rows, h, 2, e) + 3 * rows * h * 2 + 2 * t * h * 2
+    return Need(0, inputs + step)

@@ -29,12 +29,15 @@ import sys
 import numpy as np
 
 from moe_numba import moe_permute, moe_permute_backward, moe_unpermute_backward
+from moe_numba.__main__ import check_fits, check_topk
 
 from . import records
 from .bytes import padded_rows
 from .cases import DTYPES, Case, defaults, make_inputs
+from .footprint import gradients_need
+from .options import check_writable, number
 from .report import print_table
-from .target import choose
+from .target import NoGPUError, choose
 from .workload import Operation, time_operations
 
 
@@ -119,20 +122,49 @@ def check(case, target):
         print(f"check: {name}: every output equals the CPU backend's", file=sys.stderr)
 
 
-def main(argv=None):
-    """The command line of the module docstring; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks gradients")
+def parser():
+    """The command line of the module docstring."""
+    command = argparse.ArgumentParser(
+        prog="python -m benchmarks gradients",
+        description="Time the gradient ops (with and without validation) against a copy of "
+        "the same bytes, on a CUDA GPU.",
+    )
     for name, value in defaults("cuda").items():
-        kind = str if name == "dtype" else int
-        choices = [d for d in DTYPES if d != "fp8"] if name == "dtype" else None
-        parser.add_argument(f"--{name}", type=kind, default=value, choices=choices)
-    parser.add_argument("--repeat", type=int, default=15)
-    parser.add_argument("--check", action="store_true", help="compare with the CPU first")
-    parser.add_argument("--json", help="save the results there")
-    args = parser.parse_args(argv)
+        if name != "dtype":
+            number(command, name, default=value)
+    command.add_argument(
+        "--dtype",
+        choices=[d for d in DTYPES if d != "fp8"],
+        default="bf16",
+        help="row dtype (the gradients of float8 rows are not computed)",
+    )
+    number(command, "repeat", default=15)
+    command.add_argument("--check", action="store_true", help="compare with the CPU first")
+    command.add_argument("--json", metavar="FILE", help="save the results there")
+    return command
+
+
+def settings(command, args, choose=choose):
+    """``(case, target)``, every option checked (``command.error``, exit status 2, before
+    any work); ``choose(backend)`` finds the GPU (:func:`.target.choose`)."""
+    check_topk(command, args.topk, args.experts)
+    if args.json:
+        check_writable(command, "--json", args.json)
     names = ("tokens", "hidden", "experts", "topk", "alignment", "dtype")
     case = Case(**{n: getattr(args, n) for n in names})
-    target = choose("cuda")
+    try:
+        target = choose("cuda")
+    except NoGPUError as e:
+        command.error(f"needs a CUDA GPU: {e}")
+    check_fits(command, target.device, [(gradients_need(case), case.label())])
+    return case, target
+
+
+def main(argv=None):
+    """Check the options, time the gradient ops; returns the exit status."""
+    command = parser()
+    args = command.parse_args(argv)
+    case, target = settings(command, args)
     if args.check:
         check(case, target)
     from .timers import CudaTimer
@@ -143,7 +175,3 @@ def main(argv=None):
     if args.json:
         records.save(args.json, target.description, results)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

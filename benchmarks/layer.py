@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
+
+from .options import LIMITS, check_writable, number, torch_cuda_problem
 
 # name -> (transformers model type, its experts class, config keyword arguments, top-k)
 MODELS = {
@@ -59,85 +62,98 @@ IMPLS = ("moe_numba", "grouped_mm", "batched_mm", "eager")
 TOKENS = (16, 512, 4096, 16384)
 
 
-def _names(text, allowed, option):
+def _names(text, allowed):
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in allowed]
     if not names or unknown:
         raise argparse.ArgumentTypeError(
-            f"{option}: expected a comma-separated list of {', '.join(allowed)}, got {text!r}"
+            f"expected a comma-separated list of {', '.join(allowed)}; got {text!r}"
         )
     return names
 
 
 def _tokens(text):
+    low, high = LIMITS["tokens"]
     try:
         values = [int(n) for n in text.split(",")]
     except ValueError:
         values = []
-    if not values or min(values) < 1:
+    if not values or not all(low <= v <= high for v in values):
         raise argparse.ArgumentTypeError(
-            f"--tokens: expected a comma-separated list of positive ints, got {text!r}"
+            f"expected a comma-separated list of integers from {low} to {high}; got {text!r}"
         )
     return values
 
 
-def parse_args(argv=None):
-    """The command line, checked (``SystemExit`` with a message for a bad one)."""
-    parser = argparse.ArgumentParser(
+def _gib(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number of GiB; got {text!r}")
+    return value
+
+
+def parser():
+    """The command line's parser."""
+    command = argparse.ArgumentParser(
         prog="python -m benchmarks layer",
         description="Time the transformers experts layer: moe-numba against transformers' "
         "grouped_mm, batched_mm and eager (CUDA GPU only).",
     )
-    parser.add_argument(
+    command.add_argument(
         "--models",
-        type=lambda t: _names(t, tuple(MODELS), "--models"),
+        type=lambda t: _names(t, tuple(MODELS)),
         default=list(MODELS),
         help=f"comma-separated, of {', '.join(MODELS)} (default: all)",
     )
-    parser.add_argument(
-        "--tokens", type=_tokens, default=list(TOKENS), help="comma-separated token counts T"
+    command.add_argument(
+        "--tokens",
+        type=_tokens,
+        default=list(TOKENS),
+        help="comma-separated token counts T (default: %(default)s)",
     )
-    parser.add_argument(
+    command.add_argument(
         "--impls",
-        type=lambda t: _names(t, IMPLS, "--impls"),
+        type=lambda t: _names(t, IMPLS),
         default=list(IMPLS),
         help=f"comma-separated, of {', '.join(IMPLS)} (default: all)",
     )
-    parser.add_argument("--iters", type=int, default=10, help="timed runs per case")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs before them")
-    parser.add_argument(
+    number(command, "iters", default=10)
+    number(command, "warmup", default=3)
+    command.add_argument(
         "--batched-limit-gib",
-        type=float,
+        type=_gib,
         default=8.0,
-        help="skip batched_mm where its per-pair weight copies pass this many GiB",
+        help="skip batched_mm where its per-pair weight copies pass this many GiB (default 8)",
     )
-    parser.add_argument("--json", metavar="PATH", help="also write the results here")
-    args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup < 0:
-        parser.error(f"--iters >= 1 and --warmup >= 0 expected, got {args.iters}, {args.warmup}")
+    command.add_argument("--json", metavar="FILE", help="also write the results here")
+    return command
+
+
+def parse_args(argv=None):
+    """The command line, checked (``SystemExit``, exit status 2, with a message naming the
+    option for a bad one) before any work; the GPU and transformers are checked too."""
+    command = parser()
+    args = command.parse_args(argv)
+    if args.json:
+        check_writable(command, "--json", args.json)
+    problem = torch_cuda_problem()
+    if problem:
+        command.error(f"needs torch with a CUDA GPU; {problem}")
+    try:
+        from transformers.integrations.moe import ExpertsInterface  # noqa: F401
+    except ImportError:
+        command.error("needs transformers>=5: pip install 'moe-numba[transformers]'")
     return args
 
 
 def main(argv=None):
-    """Run the benchmark; refuse (``SystemExit``) without a CUDA GPU or transformers>=5."""
+    """Run the benchmark after its checks (:func:`parse_args`); returns the exit status."""
     args = parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        raise SystemExit(
-            "python -m benchmarks layer needs torch with CUDA: pip install torch"
-        ) from None
-    if not torch.cuda.is_available():
-        raise SystemExit(
-            "python -m benchmarks layer needs a CUDA GPU: torch.cuda.is_available() is False"
-        )
-    try:
-        from transformers.integrations.moe import ExpertsInterface  # noqa: F401
-    except ImportError:
-        raise SystemExit(
-            "python -m benchmarks layer needs transformers>=5: "
-            "pip install 'moe-numba[transformers]'"
-        ) from None
+    import torch
+
     from moe_numba import transformers as backend
 
     backend.register()
@@ -167,6 +183,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)
+    return 0
 
 
 def _cell(value):
@@ -311,7 +328,3 @@ def _median(torch, function, grad, experts, args):
             if i >= args.warmup:
                 times.append(start.elapsed_time(stop))
     return statistics.median(times)
-
-
-if __name__ == "__main__":
-    main()

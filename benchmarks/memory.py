@@ -1,8 +1,8 @@
 """Peak GPU memory of one forward + backward step of the training page's MoE layer.
 
 The layer without the experts' GEMMs: permute -> each row times its probability (the
-"expert", as in docs/examples/moe_layer.py) -> unweighted unpermute; or, with ``--weighted``,
-permute -> unpermute with the weighted combine. Run on a CUDA GPU::
+"expert", as in docs/examples/moe_layer.py) -> unweighted unpermute; then permute ->
+unpermute with the weighted combine. Run on a CUDA GPU::
 
     python -m benchmarks memory --json memory.json
 
@@ -18,6 +18,10 @@ import json
 import torch
 
 from moe_numba import moe_permute, moe_unpermute
+from moe_numba.__main__ import check_fits, check_topk
+
+from .footprint import memory_need
+from .options import check_writable, number, torch_cuda_problem
 
 
 def measure(step, *args):
@@ -121,27 +125,46 @@ def report(num_tokens, hidden, topk, num_experts, alignment, weighted=False):
     }
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(
+def parser():
+    """The command line's parser."""
+    command = argparse.ArgumentParser(
         prog="python -m benchmarks memory", description=__doc__.partition("\n\n")[0]
     )
-    parser.add_argument("--tokens", type=int, default=16384)
-    parser.add_argument("--hidden", type=int, default=7168)
-    parser.add_argument("--topk", type=int, default=8)
-    parser.add_argument("--experts", type=int, default=64)
-    parser.add_argument("--alignment", type=int, default=128)
-    parser.add_argument("--json", help="also write the figures to this file")
-    args = parser.parse_args(argv)
-    results = [
-        report(args.tokens, args.hidden, args.topk, args.experts, args.alignment, weighted)
-        for weighted in (False, True)
-    ]
+    for name, default in (
+        ("tokens", 16384),
+        ("hidden", 7168),
+        ("topk", 8),
+        ("experts", 64),
+        ("alignment", 128),
+    ):
+        number(command, name, default=default)
+    command.add_argument("--json", metavar="FILE", help="also write the figures to this file")
+    return command
+
+
+def settings(command, args):
+    """The shape, every option checked (``command.error``, exit status 2, before any work)."""
+    check_topk(command, args.topk, args.experts)
+    if args.json:
+        check_writable(command, "--json", args.json)
+    problem = torch_cuda_problem()
+    if problem:
+        command.error(f"needs torch with a CUDA GPU; {problem}")
+    shape = (args.tokens, args.hidden, args.topk, args.experts, args.alignment)
+    label = "T={} H={} K={} E={} A={}".format(*shape)
+    check_fits(command, "cuda", [(memory_need(*shape), f"the layer step {label}")])
+    return shape
+
+
+def main(argv=None):
+    """Check the options, measure both layers, print (and save) the figures."""
+    command = parser()
+    args = command.parse_args(argv)
+    shape = settings(command, args)
+    results = [report(*shape, weighted) for weighted in (False, True)]
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:
         with open(args.json, "w") as f:
             f.write(text + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

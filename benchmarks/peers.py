@@ -35,6 +35,7 @@ from moe_numba import moe_permute, moe_unpermute
 from .bytes import dense_permute_bytes, permute_bytes, unpermute_bytes
 from .cases import Case, make_inputs
 from .cuda import warn_hold_timeouts
+from .options import torch_cuda_problem
 from .workload import Operation, time_operations
 
 # The peers' published versions this bench was written against, and what is taken from them.
@@ -601,23 +602,12 @@ def peer_target(parser, args):
     problem = cache_problem(args.peers_cache or default_cache())
     if problem:
         parser.error(f"argument --peers-cache: {problem}")
-    why = _no_torch_gpu()
+    why = torch_cuda_problem()
     if why:
         parser.error(f"argument --peers: needs torch with a CUDA GPU; {why}")
     from .target import CudaTarget
 
     return CudaTarget("torch")
-
-
-def _no_torch_gpu():
-    """Why torch cannot run the peers here, or "" when it can."""
-    if importlib.util.find_spec("torch") is None:
-        return "torch is not installed: pip install 'moe-numba[gpu,torch]'"
-    import torch
-
-    if not torch.cuda.is_available():
-        return f"torch {torch.__version__} sees no CUDA GPU"
-    return ""
 
 
 def prepare(parser, args):

@@ -3,12 +3,12 @@ before any work (a bad one is an argparse error that names it, exit status 2).""
 
 import fnmatch
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from _benchmarks import run_module
 from benchmarks import bench, cases, footprint, records
 from benchmarks.__main__ import COMMANDS
 from benchmarks.__main__ import main as benchmarks_main
@@ -163,22 +163,6 @@ def test_an_unknown_command_is_refused(capsys):
     with pytest.raises(SystemExit, match="^2$"):
         benchmarks_main(["demo"])
     assert "argument COMMAND: invalid choice: 'demo'" in capsys.readouterr().err
-
-
-def run_module(*argv):
-    """``python -m benchmarks ARGV`` in a fresh interpreter, from the checkout's ``benchmarks``
-    folder but with the installed moe_numba first (as the tests' own process has them)."""
-    code = (
-        "import runpy, sys; sys.path.append(sys.argv.pop(1)); sys.argv[0] = 'benchmarks'; "
-        "runpy.run_module('benchmarks', run_name='__main__', alter_sys=True)"
-    )
-    return subprocess.run(
-        [sys.executable, "-c", code, str(ROOT), *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_the_module_exits_with_status_2():

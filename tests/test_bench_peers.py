@@ -20,6 +20,7 @@ from benchmarks import bench, records, report
 from benchmarks import cases as _cases
 from benchmarks import peers as _peers
 from benchmarks.cases import Case
+from benchmarks.options import torch_cuda_problem
 from benchmarks.peer_gradients import bench_gradients
 from benchmarks.peers import OURS, TE, VLLM, PeerBench, op_name
 from benchmarks.records import Result
@@ -60,7 +61,7 @@ def test_refused_without_a_gpu(cache_home, capsys):
 
 def test_refused_without_torch(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # as when torch is not installed
-    assert _peers._no_torch_gpu() == "torch is not installed: pip install 'moe-numba[gpu,torch]'"
+    assert torch_cuda_problem() == "torch is not installed: pip install 'moe-numba[gpu,torch]'"
 
 
 @pytest.mark.parametrize(
@@ -93,7 +94,7 @@ def test_a_cache_that_is_a_file_is_refused(tmp_path, capsys):
 def fake_gpu(monkeypatch, tmp_path):
     """As on a machine with a GPU whose peers are in the cache already: the settings the
     bench would run with, from its options."""
-    monkeypatch.setattr(_peers, "_no_torch_gpu", lambda: "")
+    monkeypatch.setattr(_peers, "torch_cuda_problem", lambda: "")
     monkeypatch.setattr(_peers, "fetch", lambda cache: _peers.PeerFiles(cache))
     monkeypatch.setattr(_peers, "load", lambda files: {TE: "not here", VLLM: "not here"})
     return _settings
