@@ -18,6 +18,8 @@ COMMANDS = {
     "memory": ("memory", "peak GPU memory of a training step of the layer without its GEMMs"),
     "layer": ("layer", "time the transformers experts layer of real models (GPU)"),
     "distributed": ("distributed", "time the expert-parallel layer's stages (gloo processes)"),
+    "compare": ("compare", "compare two records of one card; exit 1 if a figure is 5%% worse"),
+    "tables": ("tables", "check (or write) the README's and the docs' tables from records"),
 }
 
 

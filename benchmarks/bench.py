@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import sys
 
 from moe_numba.__main__ import backend_option, check_fits, check_topk, choose_target
 
-from . import cases, footprint, peers, records
+from . import cases, environment, footprint, peers, records
+from .compare import check_same_card
 from .options import check_writable, number
 from .run import Settings, run
 from .target import choose
@@ -45,12 +47,15 @@ def parser():
     )
     number(bench, "repeat", default_text="15 on a GPU, 7 on the CPU; with --quick 5, 3")
     bench.add_argument(
-        "--json", metavar="FILE", help="save the results as JSON (rewritten after every shape)"
+        "--json",
+        metavar="FILE",
+        help="write the run's record there (rewritten after every shape); by default a GPU "
+        "run writes it under benchmarks/results/CARD/, a CPU run nowhere",
     )
     bench.add_argument(
         "--compare",
         metavar="OLD.json",
-        help="print each result's speed relative to an earlier --json file",
+        help="after the run, compare it with an earlier record of the same card, row by row",
     )
     bench.add_argument(
         "--plot",
@@ -61,9 +66,10 @@ def parser():
     return bench
 
 
-def settings(parser, args, choose=choose):
+def settings(parser, args, choose=choose, argv=()):
     """The bench's :class:`~benchmarks.run.Settings`, every option checked (``parser.error``
-    otherwise); ``choose(backend)`` finds the target (:func:`benchmarks.target.choose`)."""
+    otherwise); ``choose(backend)`` finds the target (:func:`benchmarks.target.choose`);
+    ``argv``: the command line, for the record."""
     given = {name: getattr(args, name) for name in SHAPE_OPTIONS}
     if args.sweep:
         for name, value in given.items():
@@ -74,7 +80,7 @@ def settings(parser, args, choose=choose):
     previous = None
     if args.compare:
         try:
-            previous = (args.compare, records.load(args.compare)[1])
+            previous = records.load(args.compare)
         except ValueError as e:
             parser.error(f"argument --compare: {e}")
     for option in ("json", "plot"):
@@ -99,16 +105,23 @@ def settings(parser, args, choose=choose):
         shapes = [cases.one_case(target.device, **given)]
     runs = [(footprint.bench_need(case, target.device), case.label()) for case in shapes]
     check_fits(parser, target.device, runs)
+    if previous is not None:
+        card = environment.device(target.device)["name"]
+        check_same_card(parser, "--compare", previous, card, "this run")
     repeat = args.repeat or cases.REPEATS[target.device, args.quick]
     peer_bench = peers.prepare(parser, args) if args.peers else None
     if peer_bench is not None and args.gradients:
         from .peer_gradients import bench_gradients
 
         peer_bench.gradients = bench_gradients
-    return Settings(target, shapes, repeat, args.json, previous, args.plot, peer_bench)
+    what = "peers" if args.peers else "sweep" if args.sweep else "bench"
+    return Settings(
+        target, shapes, repeat, args.json, previous, args.plot, peer_bench, what, ["bench", *argv]
+    )
 
 
 def main(argv=None):
     """Check the options, run the bench; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     bench = parser()
-    return run(settings(bench, bench.parse_args(argv)))
+    return run(settings(bench, bench.parse_args(argv), argv=argv))

@@ -16,13 +16,16 @@ import argparse
 import datetime
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
 
 from moe_numba.__main__ import check_topk
 
-from .options import number
+from . import environment, records
+from .options import check_writable, number
+from .records import Figure
 
 
 def grouped_gemm(weights):
@@ -40,8 +43,9 @@ def grouped_gemm(weights):
 def run_bench(*, tokens, hidden, experts, topk, alignment, dtype, steps, warmup, group=None):
     """Time ``steps`` training steps on this rank (after ``warmup``); every rank calls it.
 
-    Returns ``{"forward": {stage: seconds}, "backward": {stage: seconds}}``: per stage the
-    slowest rank's mean per step.
+    Returns ``{"forward": {stage: Figure}, "backward": {stage: Figure}}``: per stage the
+    microseconds of the slowest rank in each timed step, their min, median and max over the
+    steps (:class:`.records.Figure`).
     """
     from moe_numba.torch.distributed import LayerTimer, expert_parallel_moe, local_experts
 
@@ -60,9 +64,10 @@ def run_bench(*, tokens, hidden, experts, topk, alignment, dtype, steps, warmup,
         for _ in own
     ]
     expert_fn = grouped_gemm(weights)
+    stages = LayerTimer.STAGES
+    timed = []  # per timed step: the seconds of each stage, forward then backward
     for step in range(warmup + steps):
-        if step in (0, warmup):  # the warm-up's times are dropped
-            timer = LayerTimer()
+        timer = LayerTimer()
         y = expert_parallel_moe(
             x.detach().requires_grad_(True),
             routemap,
@@ -74,19 +79,25 @@ def run_bench(*, tokens, hidden, experts, topk, alignment, dtype, steps, warmup,
             timer=timer,
         )
         y.float().square().mean().backward()
-    times = torch.tensor(
-        [timer.forward[s] / steps for s in timer.STAGES]
-        + [timer.backward[s] / steps for s in timer.STAGES],
-        dtype=torch.float64,
-        device=device,
-    )
-    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
-    values = times.tolist()
-    n = len(timer.STAGES)
+        if step >= warmup:
+            timed.append([timer.forward[s] for s in stages] + [timer.backward[s] for s in stages])
+    times = torch.tensor(timed, dtype=torch.float64, device=device)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)  # each step's slowest rank
+    figures = [Figure.of(column, 1e6) for column in times.T.tolist()]
+    n = len(stages)
     return {
-        "forward": dict(zip(timer.STAGES, values[:n], strict=True)),
-        "backward": dict(zip(timer.STAGES, values[n:], strict=True)),
+        "forward": dict(zip(stages, figures[:n], strict=True)),
+        "backward": dict(zip(stages, figures[n:], strict=True)),
     }
+
+
+def record_rows(split):
+    """The record rows of a split (:func:`run_bench`): one per pass and stage."""
+    return [
+        dict(key=f"{part} {stage}", unit="us", figures={"slowest rank": figure.record()})
+        for part, stages in split.items()
+        for stage, figure in stages.items()
+    ]
 
 
 def _on_cuda(group):
@@ -94,16 +105,17 @@ def _on_cuda(group):
 
 
 def format_split(split, title):
-    """The split as a table of milliseconds and shares of the step."""
-    total = sum(split["forward"].values()) + sum(split["backward"].values())
+    """The split as a table of milliseconds (medians) and shares of the step."""
+    forward = {stage: f.median / 1e3 for stage, f in split["forward"].items()}
+    backward = {stage: f.median / 1e3 for stage, f in split["backward"].items()}
+    total = sum(forward.values()) + sum(backward.values())
     lines = [title, f"{'stage':<12}{'forward ms':>12}{'backward ms':>13}{'share':>8}"]
-    for stage in split["forward"]:
-        f, b = split["forward"][stage] * 1e3, split["backward"][stage] * 1e3
-        share = (f + b) / (total * 1e3) if total else 0.0
+    for stage in forward:
+        f, b = forward[stage], backward[stage]
+        share = (f + b) / total if total else 0.0
         lines.append(f"{stage:<12}{f:>12.2f}{b:>13.2f}{share:>8.1%}")
-    forward = sum(split["forward"].values()) * 1e3
-    backward = sum(split["backward"].values()) * 1e3
-    lines.append(f"{'total':<12}{forward:>12.2f}{backward:>13.2f}{1:>8.0%}")
+    totals = sum(forward.values()), sum(backward.values())
+    lines.append(f"{'total':<12}{totals[0]:>12.2f}{totals[1]:>13.2f}{1:>8.0%}")
     return "\n".join(lines)
 
 
@@ -162,6 +174,12 @@ def parser():
         given = None if name in ("ranks", "topk") else default
         number(command, name, given, shown, meanings.get(name))
     command.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    command.add_argument(
+        "--json",
+        metavar="FILE",
+        help="write the run's record there (default: under benchmarks/results/CARD/ for an "
+        "NCCL run, nowhere for a gloo run)",
+    )
     return command
 
 
@@ -196,6 +214,8 @@ def settings(command, args, world=None):
             f"rank owns experts / ranks of them; got {args.experts}"
         )
     topk = check_topk(command, args.topk, args.experts, default=DEFAULTS["topk"])
+    if args.json:
+        check_writable(command, "--json", args.json)
     options = dict(
         tokens=args.tokens,
         hidden=args.hidden,
@@ -214,13 +234,26 @@ def _title(backend, ranks, threads, options):
     return (
         f"expert-parallel layer, {backend}, {ranks} ranks x {kind}: T={options['tokens']} per "
         f"rank, H={options['hidden']}, E={options['experts']}, K={options['topk']}, "
-        f"A={options['alignment']}, {str(options['dtype']).removeprefix('torch.')}; mean of "
-        f"{options['steps']} steps, slowest rank"
+        f"A={options['alignment']}, {str(options['dtype']).removeprefix('torch.')}; per "
+        f"stage the median over {options['steps']} steps of the slowest rank"
     )
 
 
-def _under_torchrun(world, options):
-    """This process's part of a torchrun launch: join torchrun's group, time, print on rank
+def report(split, backend, ranks, threads, options, argv, path):
+    """Print the split; write its record to ``path`` (None: under ``benchmarks/results/``
+    for an NCCL run, nowhere for a gloo run)."""
+    print(format_split(split, _title(backend, ranks, threads, options)))
+    if path is None and backend != "nccl":
+        return
+    kind = "cuda" if backend == "nccl" else "cpu"
+    described = f"{backend}, {ranks} ranks" + (f" x {threads} CPU threads" if threads else "")
+    header = environment.header("distributed", kind, ["distributed", *argv], described)
+    path = records.write(header, record_rows(split), path)
+    print(f"record: {path}", file=sys.stderr)
+
+
+def _under_torchrun(world, options, argv, path):
+    """This process's part of a torchrun launch: join torchrun's group, time, report on rank
     0."""
     rank, ranks, local_ranks = world
     on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks
@@ -238,7 +271,7 @@ def _under_torchrun(world, options):
     try:
         split = run_bench(**options)
         if rank == 0:
-            print(format_split(split, _title(backend, ranks, threads, options)))
+            report(split, backend, ranks, threads, options, argv, path)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -246,13 +279,15 @@ def _under_torchrun(world, options):
 
 
 def main(argv=None):
-    """Check the options, run the processes (or this one, under torchrun), print the split;
-    returns the exit status."""
+    """Check the options, run the processes (or this one, under torchrun), report the
+    split; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     command = parser()
     world = torchrun_world()
-    ranks, options = settings(command, command.parse_args(argv), world)
+    args = command.parse_args(argv)
+    ranks, options = settings(command, args, world)
     if world is not None:
-        return _under_torchrun(world, options)
+        return _under_torchrun(world, options, argv, args.json)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -268,5 +303,5 @@ def main(argv=None):
     )
     split = results.get()
     threads = max(1, (os.cpu_count() or 1) // ranks)
-    print(format_split(split, _title("gloo", ranks, threads, options)))
+    report(split, "gloo", ranks, threads, options, argv, args.json)
     return 0

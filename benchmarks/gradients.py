@@ -3,7 +3,7 @@
 ::
 
     python -m benchmarks gradients [--tokens 16384] [--hidden 7168] [--experts 64]
-        [--topk 8] [--alignment 128] [--dtype bf16] [--repeat 15] [--check] [--json PATH]
+        [--topk 8] [--alignment 128] [--dtype bf16] [--repeat 15] [--check] [--json FILE]
 
 prints the bench's table (:func:`.report.print_table`: GPU time per call with the host
 running ahead, one call's latency after a host sync, host time per call, GB/s and % of the
@@ -18,7 +18,8 @@ copy) for, each with ``validate=True`` and ``validate=False``:
 
 Index and probability traffic is not counted (as in :mod:`.bytes`). The inputs come from a
 forward ``moe_permute`` of the case's rows on the GPU, so the row map is the real layout.
-``--check`` first compares every output with the CPU backend's, bit for bit.
+``--check`` first compares every output with the CPU backend's, bit for bit. The run's
+record goes to ``--json FILE`` or under ``benchmarks/results/<card>/``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 from moe_numba import moe_permute, moe_permute_backward, moe_unpermute_backward
 from moe_numba.__main__ import check_fits, check_topk
 
-from . import records
+from . import environment, records
 from .bytes import padded_rows
 from .cases import DTYPES, Case, defaults, make_inputs
 from .footprint import gradients_need
@@ -140,7 +141,11 @@ def parser():
     )
     number(command, "repeat", default=15)
     command.add_argument("--check", action="store_true", help="compare with the CPU first")
-    command.add_argument("--json", metavar="FILE", help="save the results there")
+    command.add_argument(
+        "--json",
+        metavar="FILE",
+        help="write the run's record there (default: under benchmarks/results/CARD/)",
+    )
     return command
 
 
@@ -161,7 +166,9 @@ def settings(command, args, choose=choose):
 
 
 def main(argv=None):
-    """Check the options, time the gradient ops; returns the exit status."""
+    """Check the options, time the gradient ops, write the record; returns the exit
+    status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     command = parser()
     args = command.parse_args(argv)
     case, target = settings(command, args)
@@ -172,6 +179,7 @@ def main(argv=None):
     results = time_operations(case, operations(case, target), target, CudaTimer(args.repeat))
     print(f"{target.description}; {case.label()}")
     print_table(results)
-    if args.json:
-        records.save(args.json, target.description, results)
+    header = environment.header("gradients", "cuda", ["gradients", *argv], target.description)
+    path = records.write(header, [r.record() for r in results], args.json)
+    print(f"record: {path}", file=sys.stderr)
     return 0

@@ -19,17 +19,19 @@ forward+backward) with the host running ahead, beside a device copy of the bytes
 and, for the forward, the largest difference between moe-numba's output and
 ``grouped_mm``'s relative to the largest value of the latter. ``batched_mm`` copies one
 weight matrix per (token, slot) pair; a case whose copies would pass ``--batched-limit-gib``
-is skipped.
+is skipped. The run's record (:mod:`.records`; each time a figure over the timed runs, in
+microseconds) goes to ``--json FILE`` or under ``benchmarks/results/<card>/``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import statistics
+import sys
 
+from . import environment, records
 from .options import LIMITS, check_writable, number, torch_cuda_problem
+from .records import Figure
 
 # name -> (transformers model type, its experts class, config keyword arguments, top-k)
 MODELS = {
@@ -59,6 +61,7 @@ MODELS = {
     ),
 }
 IMPLS = ("moe_numba", "grouped_mm", "batched_mm", "eager")
+OPS = "permute+unpermute"  # the figure of the layer's permute and unpermute alone
 TOKENS = (16, 512, 4096, 16384)
 
 
@@ -128,7 +131,11 @@ def parser():
         default=8.0,
         help="skip batched_mm where its per-pair weight copies pass this many GiB (default 8)",
     )
-    command.add_argument("--json", metavar="FILE", help="also write the results here")
+    command.add_argument(
+        "--json",
+        metavar="FILE",
+        help="write the run's record there (default: under benchmarks/results/CARD/)",
+    )
     return command
 
 
@@ -150,44 +157,50 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    """Run the benchmark after its checks (:func:`parse_args`); returns the exit status."""
+    """Run the benchmark after its checks (:func:`parse_args`), write its record; returns
+    the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     import torch
 
     from moe_numba import transformers as backend
 
     backend.register()
-    results = []
+    header = environment.header("layer", "cuda", ["layer", *argv], "cuda (torch tensors)")
+    path = args.json or records.default_path(header)
+    rows = []
     print(f"device: {torch.cuda.get_device_name()}; times in ms (median of {args.iters})")
-    header = ["model", "T", "pass", *args.impls, "permute+unpermute share"]
-    header += ["permute+unpermute GPU us", "copy GPU us", "max rel diff"]
-    print(" | ".join(header))
+    titles = ["model", "T", "pass", *args.impls, "permute+unpermute share"]
+    titles += ["permute+unpermute GPU us", "copy GPU us", "max rel diff"]
+    print(" | ".join(titles))
     for model in args.models:
         experts, top_k = _experts(torch, model)
         for tokens in args.tokens:
             for backward in (False, True):
                 row = _case(torch, backend, experts, top_k, tokens, backward, args)
-                row.update(model=model, T=tokens, backward=backward)
-                results.append(row)
-                cells = [model, str(tokens), "fwd+bwd" if backward else "fwd"]
-                cells += [_cell(row["ms"].get(impl)) for impl in args.impls]
-                share = row.get("glue_share")
-                cells.append("-" if share is None else f"{100 * share:.0f}%")
-                for name in ("ops_gpu_us", "copy_gpu_us"):
-                    cells.append("-" if row.get(name) is None else f"{row[name]:.1f}")
-                diff = row.get("rel_diff_vs_grouped_mm")
-                cells.append("-" if diff is None else f"{diff:.1e}")
-                print(" | ".join(cells), flush=True)
+                row = dict(key=f"{model} T={tokens} {row['pass']}", model=model, T=tokens, **row)
+                rows.append(row)
+                print(" | ".join(_cells(row, args.impls)), flush=True)
+                records.save(path, header, rows)
         del experts
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=1)
+    print(f"record: {path}", file=sys.stderr)
     return 0
 
 
-def _cell(value):
-    return value if isinstance(value, str) else f"{value:.3f}"
+def _cells(row, impls):
+    """The printed cells of a row: ms per implementation, the share, the µs, the diff."""
+    figures = row["figures"]
+    cells = [row["model"], str(row["T"]), row["pass"]]
+    for impl in impls:
+        cells.append("skip" if impl in row["skipped"] else f"{figures[impl]['median'] / 1e3:.3f}")
+    share = row["glue_share"]
+    cells.append("-" if share is None else f"{100 * share:.0f}%")
+    for part in (figures, row["copy"]):
+        cells.append(f"{part[OPS]['median']:.1f}" if OPS in part else "-")
+    diff = row["rel_diff_vs_grouped_mm"]
+    cells.append("-" if diff is None else f"{diff:.1e}")
+    return cells
 
 
 def _experts(torch, model):
@@ -210,7 +223,10 @@ def _experts(torch, model):
 
 
 def _case(torch, backend, experts, top_k, tokens, backward, args):
-    """Times of one (T, pass) case for every implementation, and the glue's share."""
+    """The record row of one (T, pass) case, but its key: microseconds of every
+    implementation (``figures[impl]``) and of the glue, the glue's share, the permute and
+    unpermute alone beside their copy (``figures[OPS]``, ``copy[OPS]``), and the difference
+    to ``grouped_mm``'s output."""
     generator = torch.Generator(device="cuda").manual_seed(tokens)
     num_experts = experts.num_experts
     width = experts.down_proj.shape[-1] if experts.is_transposed else experts.down_proj.shape[1]
@@ -219,7 +235,15 @@ def _case(torch, backend, experts, top_k, tokens, backward, args):
     weights, index = torch.topk(logits.softmax(-1), top_k, dim=-1)
     weights = weights.to(torch.bfloat16)
     grad = torch.randn_like(x)
-    out = {"ms": {}}
+    out = dict(
+        unit="us",
+        figures={},
+        copy={},
+        skipped=[],
+        glue_share=None,
+        rel_diff_vs_grouped_mm=None,
+    )
+    out["pass"] = "fwd+bwd" if backward else "fwd"
     if not backward and {"moe_numba", "grouped_mm"} <= set(args.impls):
         # the same layer, so the same result up to bfloat16 rounding
         results = []
@@ -233,14 +257,14 @@ def _case(torch, backend, experts, top_k, tokens, backward, args):
         if impl == "batched_mm":
             pair_bytes = experts.gate_up_proj[0].nbytes + experts.down_proj[0].nbytes
             if tokens * top_k * pair_bytes > args.batched_limit_gib * 2**30:
-                out["ms"][impl] = "skip"
+                out["skipped"].append(impl)
                 continue
         experts.config._experts_implementation = impl
 
         def layer(impl=impl):
             return experts(*_inputs(x, index, weights, backward))
 
-        out["ms"][impl] = _median(torch, layer, grad if backward else None, experts, args)
+        out["figures"][impl] = _timed(torch, layer, grad if backward else None, experts, args)
 
     if "moe_numba" in args.impls:
 
@@ -248,17 +272,18 @@ def _case(torch, backend, experts, top_k, tokens, backward, args):
             x_, index_, weights_ = _inputs(x, index, weights, backward)
             return _glue(backend, x_, index_, weights_, num_experts)
 
-        ms = _median(torch, glue, grad if backward else None, experts, args)
-        out["glue_ms"] = ms
-        out["glue_share"] = ms / out["ms"]["moe_numba"]
-        out["ops_gpu_us"], out["copy_gpu_us"] = _against_copy(
+        figure = _timed(torch, glue, grad if backward else None, experts, args)
+        out["figures"]["glue"] = figure
+        out["glue_share"] = figure["median"] / out["figures"]["moe_numba"]["median"]
+        out["figures"][OPS], out["copy"][OPS] = _against_copy(
             torch, backend, x, index, weights, num_experts, grad if backward else None, args
         )
     return out
 
 
 def _against_copy(torch, backend, x, index, weights, num_experts, grad, args):
-    """GPU microseconds per call, the host running ahead (:meth:`.timers.CudaTimer.gpu_us`),
+    """GPU microseconds per call (record figures), the host running ahead
+    (:meth:`.timers.CudaTimer.gpu_samples`),
     of the layer's permute and unpermute on its cleaned-up routing (with their backward
     when ``grad`` is given), and of a device copy of the bytes they move
     (:mod:`.bytes`: the layer's buffer is unpadded, so its routed rows are T*K)."""
@@ -291,9 +316,9 @@ def _against_copy(torch, backend, x, index, weights, num_experts, grad, args):
     with torch.no_grad() if grad is None else torch.enable_grad():
         for _ in range(args.warmup + 1):
             ops()
-        ops_us = timer.gpu_us(ops)
+        ops_us = Figure.of(timer.gpu_samples(ops))
     copy()
-    return ops_us, timer.gpu_us(copy)
+    return ops_us.record(), Figure.of(timer.gpu_samples(copy)).record()
 
 
 def _inputs(x, index, weights, backward):
@@ -310,8 +335,9 @@ def _glue(backend, x, index, weights, num_experts):
     return backend.combine_rows(rows, rowmap, routes, row_probs, num_experts)
 
 
-def _median(torch, function, grad, experts, args):
-    """Median milliseconds of ``function()`` (and its backward with ``grad``)."""
+def _timed(torch, function, grad, experts, args):
+    """Microseconds of ``function()`` (and its backward with ``grad``), a record figure over
+    ``args.iters`` runs after ``args.warmup``."""
     times = []
     context = torch.no_grad() if grad is None else torch.enable_grad()
     with context:
@@ -327,4 +353,4 @@ def _median(torch, function, grad, experts, args):
             stop.synchronize()
             if i >= args.warmup:
                 times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+    return Figure.of(times, 1e3).record()

@@ -4,7 +4,10 @@ The layer without the experts' GEMMs: permute -> each row times its probability 
 "expert", as in docs/examples/moe_layer.py) -> unweighted unpermute; then permute ->
 unpermute with the weighted combine. Run on a CUDA GPU::
 
-    python -m benchmarks memory --json memory.json
+    python -m benchmarks memory [--json FILE]
+
+The run's record (sizes in bytes) goes to ``--json FILE`` or under
+``benchmarks/results/<card>/``.
 
 :func:`measure` takes any step function, so a benchmark can time a peer's layer (Transformer
 Engine's, say) on the same inputs and compare the figures.
@@ -14,14 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 
 from moe_numba import moe_permute, moe_unpermute
 from moe_numba.__main__ import check_fits, check_topk
 
+from . import environment, records
 from .footprint import memory_need
 from .options import check_writable, number, torch_cuda_problem
+from .records import Figure
 
 
 def measure(step, *args):
@@ -138,7 +144,11 @@ def parser():
         ("alignment", 128),
     ):
         number(command, name, default=default)
-    command.add_argument("--json", metavar="FILE", help="also write the figures to this file")
+    command.add_argument(
+        "--json",
+        metavar="FILE",
+        help="write the run's record there (default: under benchmarks/results/CARD/)",
+    )
     return command
 
 
@@ -156,15 +166,30 @@ def settings(command, args):
     return shape
 
 
+def record_row(measured):
+    """The record row of one :func:`report` (sizes in bytes, measured once)."""
+    shape = measured["shape"]
+    key = "T={num_tokens} H={hidden} K={topk} E={num_experts} A={alignment}".format(**shape)
+    key += " weighted" if shape["weighted"] else " unweighted"
+    sizes = dict(step_peak=measured["step_peak_bytes"], forward_held=measured["forward_held_bytes"])
+    return dict(
+        measured,
+        key=key,
+        unit="bytes",
+        figures={name: Figure.of([value]).record() for name, value in sizes.items()},
+    )
+
+
 def main(argv=None):
-    """Check the options, measure both layers, print (and save) the figures."""
+    """Check the options, measure both layers, print the figures and write the record;
+    returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     command = parser()
     args = command.parse_args(argv)
     shape = settings(command, args)
     results = [report(*shape, weighted) for weighted in (False, True)]
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    print(json.dumps(results, indent=2))
+    header = environment.header("memory", "cuda", ["memory", *argv], "cuda (torch tensors)")
+    path = records.write(header, [record_row(r) for r in results], args.json)
+    print(f"record: {path}", file=sys.stderr)
     return 0

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from _benchmarks import run_module
+from _benchmarks import figure, header, run_module
 from benchmarks import bench, cases, footprint, records
 from benchmarks.__main__ import COMMANDS
 from benchmarks.__main__ import main as benchmarks_main
 from benchmarks.cases import Case
+from benchmarks.environment import cpu_name
 from benchmarks.records import Result
 from benchmarks.target import CpuTarget, NoGPUError
 
@@ -89,7 +90,20 @@ def test_compare_refuses_a_file_of_the_first_format(tmp_path, capsys):
     _refused(
         ["--compare", str(old)],
         r"argument --compare: .*old.json was written by an older moe-numba \(one time per "
-        r"operation\); this bench reads format 2: run the bench again with --json",
+        r"operation\); the benchmarks read records of format 3: run the benchmark again",
+        capsys,
+    )
+
+
+def test_compare_refuses_a_record_of_another_card(tmp_path, capsys):
+    old = tmp_path / "old.json"
+    one = {"wall": figure(1.0)}
+    result = Result(Case(16, 8, 4, 4, 2, "fp16"), "permute", 100, one, one)
+    records.save_results(old, header(card="NVIDIA H200"), [result])
+    _refused(
+        ["--backend=cpu", "--compare", str(old)],
+        rf"argument --compare: {re.escape(str(old))} was made on NVIDIA H200, this run on "
+        r".*: compare records of one card$",
         capsys,
     )
 
@@ -103,17 +117,18 @@ def test_plot_needs_matplotlib(monkeypatch, capsys):
 def test_checked_options_reach_the_bench(tmp_path):
     old = tmp_path / "old.json"
     case = Case(16, 8, 4, 4, 2, "fp16")
-    result = Result(case, "permute", 100, {"wall": 1.0}, {"wall": 1.0})
-    records.save(old, "cpu", [result])
+    result = Result(case, "permute", 100, {"wall": figure(1.0)}, {"wall": figure(1.0)})
+    records.save_results(old, header(card=cpu_name()), [result])
     argv = ["--backend=cpu", "--tokens=16", "--hidden=8", "--experts=4"]
     argv += ["--alignment=2", "--dtype=fp16", "--quick", f"--compare={old}"]
     settings = _settings(argv)
     assert settings.target.device == "cpu"
     assert settings.cases == [case]  # K: the default 8, at most E
     assert settings.repeat == 3  # --quick on the CPU
-    assert settings.previous == (str(old), [result])
+    assert settings.previous.path == str(old) and settings.previous.results() == [result]
+    assert settings.what == "bench"
     swept = _settings(["--backend=cpu", "--sweep", "--repeat=2"])
-    assert swept.cases == cases.sweep("cpu") and swept.repeat == 2
+    assert swept.cases == cases.sweep("cpu") and swept.repeat == 2 and swept.what == "sweep"
 
 
 GiB = 1 << 30

@@ -15,6 +15,7 @@ import zipfile
 
 import pytest
 
+from _benchmarks import figure
 from _torch_cases import to_torch, torch
 from benchmarks import bench, records, report
 from benchmarks import cases as _cases
@@ -237,7 +238,7 @@ class _Timer:
 
     def time(self, fn, synchronizes=False):
         fn()
-        return dict.fromkeys(records.CUDA_MODES, 2.0)
+        return dict.fromkeys(records.CUDA_MODES, figure(2.0))
 
 
 def test_one_case_with_peers_that_did_not_load():
@@ -264,8 +265,13 @@ def test_one_case_with_peers_that_did_not_load():
 def _result(op, nbytes, gpu):
     case = _peers.CASES[0]
     figures = dict(gpu=gpu, one_call=gpu + 10, host=30.0, host_busy=20.0)
+    copy = dict(gpu=500.0, one_call=510.0, host=9.0, host_busy=8.0)
     return Result(
-        case, op, nbytes, figures, dict(gpu=500.0, one_call=510.0, host=9.0, host_busy=8.0)
+        case,
+        op,
+        nbytes,
+        {m: figure(v) for m, v in figures.items()},
+        {m: figure(v) for m, v in copy.items()},
     )
 
 
