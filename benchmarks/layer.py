@@ -2,9 +2,10 @@
 
 ::
 
-    python -m benchmarks layer [--models qwen3-30b-a3b,mixtral-8x7b,deepseek-v3,gpt-oss-20b]
+    python -m benchmarks layer [--decode]
+        [--models qwen3-30b-a3b,mixtral-8x7b,deepseek-v3,gpt-oss-20b]
         [--tokens 16,512,4096,16384] [--impls moe_numba,grouped_mm,batched_mm,eager]
-        [--iters 10] [--warmup 3] [--json PATH]
+        [--iters 10] [--warmup 3] [--batched-limit-gib 8] [--json FILE]
 
 Needs a CUDA GPU and transformers>=5. Each model's own experts class is built with the
 model's expert shapes (random bfloat16 weights, random top-k routing with bfloat16 weights)
@@ -21,6 +22,15 @@ and, for the forward, the largest difference between moe-numba's output and
 weight matrix per (token, slot) pair; a case whose copies would pass ``--batched-limit-gib``
 is skipped. The run's record (:mod:`.records`; each time a figure over the timed runs, in
 microseconds) goes to ``--json FILE`` or under ``benchmarks/results/<card>/``.
+
+``--decode`` times decode steps instead: for each model, T (1, 4, 16, 64 by default) and
+implementation (``moe_numba`` and ``batched_mm`` by default; ``grouped_mm`` too if asked;
+``eager`` reads the routing on the host, which a graph cannot capture), the forward under
+``torch.no_grad`` captured in a CUDA graph and replayed, and the same forward launched
+without the graph, each in every mode of the bench's GPU timer (GPU time with the host
+running ahead, one step right after a sync, host time), and whether the graph's output equals
+the eager call's bit for bit. moe-numba's layer is capturable as it is: its permute sizes the
+buffer itself (``override_buffer_size``) and checks nothing on the host (``validate=False``).
 """
 
 from __future__ import annotations
@@ -63,6 +73,11 @@ MODELS = {
 IMPLS = ("moe_numba", "grouped_mm", "batched_mm", "eager")
 OPS = "permute+unpermute"  # the figure of the layer's permute and unpermute alone
 TOKENS = (16, 512, 4096, 16384)
+# --decode: a forward step captured in a CUDA graph and replayed. transformers' eager backend
+# reads the routing on the host (a loop over the experts hit), which a graph cannot capture.
+DECODE_TOKENS = (1, 4, 16, 64)
+DECODE_IMPLS = ("moe_numba", "batched_mm")
+CAPTURABLE = ("moe_numba", "grouped_mm", "batched_mm")
 
 
 def _names(text, allowed):
@@ -103,7 +118,14 @@ def parser():
     command = argparse.ArgumentParser(
         prog="python -m benchmarks layer",
         description="Time the transformers experts layer: moe-numba against transformers' "
-        "grouped_mm, batched_mm and eager (CUDA GPU only).",
+        "grouped_mm, batched_mm and eager (CUDA GPU only); with --decode, a forward step "
+        "captured in a CUDA graph and replayed.",
+    )
+    command.add_argument(
+        "--decode",
+        action="store_true",
+        help="time decode steps: the forward at small T captured in a CUDA graph and replayed "
+        "(and launched without the graph), for moe_numba and batched_mm by default",
     )
     command.add_argument(
         "--models",
@@ -114,14 +136,14 @@ def parser():
     command.add_argument(
         "--tokens",
         type=_tokens,
-        default=list(TOKENS),
-        help="comma-separated token counts T (default: %(default)s)",
+        help="comma-separated token counts T (default: "
+        f"{','.join(map(str, TOKENS))}; with --decode {','.join(map(str, DECODE_TOKENS))})",
     )
     command.add_argument(
         "--impls",
         type=lambda t: _names(t, IMPLS),
-        default=list(IMPLS),
-        help=f"comma-separated, of {', '.join(IMPLS)} (default: all)",
+        help=f"comma-separated, of {', '.join(IMPLS)} (default: all; with --decode "
+        f"{','.join(DECODE_IMPLS)}, and eager cannot be captured)",
     )
     number(command, "iters", default=10)
     number(command, "warmup", default=3)
@@ -139,13 +161,29 @@ def parser():
     return command
 
 
+def options(command, args):
+    """``args`` with the defaults that depend on ``--decode``, every option checked against
+    the others (``command.error``, exit status 2)."""
+    if args.tokens is None:
+        args.tokens = list(DECODE_TOKENS if args.decode else TOKENS)
+    if args.impls is None:
+        args.impls = list(DECODE_IMPLS if args.decode else IMPLS)
+    refused = [impl for impl in args.impls if impl not in CAPTURABLE]
+    if args.decode and refused:
+        command.error(
+            f"argument --impls: {refused[0]} reads the routing on the host, which a CUDA graph "
+            f"cannot capture: with --decode choose from {', '.join(CAPTURABLE)}"
+        )
+    if args.json:
+        check_writable(command, "--json", args.json)
+    return args
+
+
 def parse_args(argv=None):
     """The command line, checked (``SystemExit``, exit status 2, with a message naming the
     option for a bad one) before any work; the GPU and transformers are checked too."""
     command = parser()
-    args = command.parse_args(argv)
-    if args.json:
-        check_writable(command, "--json", args.json)
+    args = options(command, command.parse_args(argv))
     problem = torch_cuda_problem()
     if problem:
         command.error(f"needs torch with a CUDA GPU; {problem}")
@@ -166,8 +204,11 @@ def main(argv=None):
     from moe_numba import transformers as backend
 
     backend.register()
-    header = environment.header("layer", "cuda", ["layer", *argv], "cuda (torch tensors)")
+    what = "decode" if args.decode else "layer"
+    header = environment.header(what, "cuda", ["layer", *argv], "cuda (torch tensors)")
     path = args.json or records.default_path(header)
+    if args.decode:
+        return decode(torch, args, header, path)
     rows = []
     print(f"device: {torch.cuda.get_device_name()}; times in ms (median of {args.iters})")
     titles = ["model", "T", "pass", *args.impls, "permute+unpermute share"]
@@ -354,3 +395,102 @@ def _timed(torch, function, grad, experts, args):
             if i >= args.warmup:
                 times.append(start.elapsed_time(stop))
     return Figure.of(times, 1e3).record()
+
+
+# ------------------------------------------------------------------------------ --decode
+
+
+def decode(torch, args, header, path):
+    """Decode steps: per model, T and implementation, the forward captured in a CUDA graph
+    and replayed, and the same forward launched without the graph, each timed in every mode
+    of :class:`.timers.CudaTimer`; the record's rows, written to ``path``. Returns 0."""
+    rows = []
+    print(f"device: {torch.cuda.get_device_name()}; µs per step, medians of {args.iters}")
+    titles = ["model", "T", "impl", "graph GPU", "graph 1-call", "graph host"]
+    print(" | ".join([*titles, "eager GPU", "eager 1-call", "eager host", "graph = eager"]))
+    for model in args.models:
+        experts, top_k = _experts(torch, model)
+        for tokens in args.tokens:
+            for impl in args.impls:
+                row = decode_row(torch, experts, top_k, tokens, impl, args)
+                row = dict(key=f"{model} T={tokens} {impl}", model=model, T=tokens, **row)
+                rows.append(row)
+                print(" | ".join(decode_cells(row)), flush=True)
+                records.save(path, header, rows)
+        del experts
+        torch.cuda.empty_cache()
+    print(f"record: {path}", file=sys.stderr)
+    return 0
+
+
+def decode_cells(row):
+    """The printed cells of a decode row."""
+    cells = [row["model"], str(row["T"]), row["impl"]]
+    if row["skipped"]:
+        return [*cells, f"skipped: {row['skipped']}"]
+    figures = row["figures"]
+    for kind in ("graph", "eager"):
+        for mode in ("gpu", "one_call", "host"):
+            name = f"{kind} {mode}"
+            cells.append(f"{figures[name]['median']:.1f}" if name in figures else "-")
+    same = row["graph_equals_eager"]
+    cells.append("-" if same is None else "yes" if same else "NO")
+    return cells
+
+
+def decode_row(torch, experts, top_k, tokens, impl, args):
+    """One decode case (but its key): ``figures`` ``graph MODE`` and ``eager MODE`` in
+    microseconds, whether the graph's output equals the eager call's bit for bit, and why
+    the case was skipped (batched_mm's weight copies past ``--batched-limit-gib``, a layer
+    the graph could not capture), where it was."""
+    from .timers import CudaTimer
+
+    row = dict(unit="us", impl=impl, figures={}, skipped=None, graph_equals_eager=None)
+    if impl == "batched_mm":
+        pair_bytes = experts.gate_up_proj[0].nbytes + experts.down_proj[0].nbytes
+        if tokens * top_k * pair_bytes > args.batched_limit_gib * 2**30:
+            row["skipped"] = f"per-pair weight copies over {args.batched_limit_gib:g} GiB"
+            return row
+    generator = torch.Generator(device="cuda").manual_seed(tokens)
+    num_experts = experts.num_experts
+    width = experts.down_proj.shape[-1] if experts.is_transposed else experts.down_proj.shape[1]
+    x = torch.randn(tokens, width, device="cuda", dtype=torch.bfloat16, generator=generator)
+    logits = torch.randn(tokens, num_experts, device="cuda", generator=generator)
+    weights, index = torch.topk(logits.softmax(-1), top_k, dim=-1)
+    weights = weights.to(torch.bfloat16)
+    experts.config._experts_implementation = impl
+
+    def step():
+        return experts(x, index, weights)
+
+    timer = CudaTimer(args.iters, batch=10, warmup=args.warmup)
+    with torch.no_grad():
+        eager = step().clone()
+        row["figures"].update({f"eager {m}": f.record() for m, f in timer.time(step).items()})
+        try:
+            graph, out = capture(torch, step, args.warmup)
+        except Exception as error:  # (a layer a graph cannot capture: its row says why)
+            row["skipped"] = f"capture failed: {type(error).__name__}: {error}"[:300]
+            return row
+        graph.replay()
+        torch.cuda.synchronize()
+        row["graph_equals_eager"] = bool(torch.equal(out, eager))
+        figures = timer.time(graph.replay)
+        row["figures"].update({f"graph {m}": f.record() for m, f in figures.items()})
+    return row
+
+
+def capture(torch, step, warmup):
+    """``(graph, output)``: ``step()`` run ``warmup`` times (at least once) on a side stream,
+    as torch asks before a capture (kernels compiled, allocator pools filled), then captured
+    in a CUDA graph whose replays write ``output``."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(1, warmup)):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = step()
+    return graph, output

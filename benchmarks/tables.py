@@ -280,11 +280,29 @@ def layout_layer(record):
     return titles, rows
 
 
+def layout_decode(record):
+    """Decode steps (``python -m benchmarks layer --decode``): µs per step replayed from a
+    CUDA graph and launched without one (GPU time with the host running ahead, one step
+    right after a sync), and whether the graph's output equals the eager call's."""
+    rows = []
+    for row in record.rows:
+        cells = [row["model"], str(row["T"]), row["impl"]]
+        figures = row["figures"]
+        for name in ("graph gpu", "graph one_call", "eager gpu", "eager one_call"):
+            cells.append(f"{figures[name]['median']:.1f}" if name in figures else "-")
+        same = row["graph_equals_eager"]
+        cells.append("skipped" if row["skipped"] else "yes" if same else "NO")
+        rows.append(cells)
+    titles = ["model", "T", "impl", "graph GPU us", "graph 1-call us", "eager GPU us"]
+    return [*titles, "eager 1-call us", "graph = eager"], rows
+
+
 LAYOUTS = {
     "peers": layout_peers,
     "results": layout_results,
     "sweep": layout_sweep,
     "layer": layout_layer,
+    "decode": layout_decode,
 }
 
 

@@ -431,7 +431,8 @@ def test_an_unknown_layout_or_option_is_an_error(tmp_path, capsys):
     _save(tmp_path / RECORD, _peer_results(), what="peers")
     _readme(tmp_path, "", f"<!-- generated table: layout=pie; record={RECORD} -->")
     code, _, _, out = _check(tmp_path, capsys=capsys)
-    assert code == 1 and "ERROR: layout 'pie' is none of peers, results, sweep, layer" in out
+    layouts = "peers, results, sweep, layer, decode"
+    assert code == 1 and f"ERROR: layout 'pie' is none of {layouts}" in out
     _readme(tmp_path, "", f"<!-- generated table: layout=peers; record={RECORD}; colour=red -->")
     code, _, _, out = _check(tmp_path, capsys=capsys)
     assert code == 1 and "ERROR: layout 'peers': " in out and "colour" in out
