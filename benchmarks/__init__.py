@@ -11,10 +11,16 @@ vLLM beside moe-numba's, ``--gradients`` the gradient ops beside Transformer Eng
 Modules: ``bench`` (its command line and checks), ``cases`` (shapes and inputs), ``bytes``
 (byte accounting), ``target`` (the array library: every per-library choice), ``timers``,
 ``hold`` (the stream hold the GPU timer launches), ``workload`` (the timed calls), ``cpu``
-and ``cuda`` (the bench per backend), ``numpy_baseline`` (the CPU baseline), ``records``
-(results and their JSON), ``report`` (table, comparison), ``plot``, ``run`` (one run),
-``peers`` and ``peer_gradients`` (``--peers``), ``footprint`` (the memory a shape needs).
-Benches of their own: ``gradients`` (the gradient ops against a copy), ``memory`` (the peak
-memory of a training step), ``layer`` (the transformers experts layer of real models),
-``distributed`` (the expert-parallel layer's time per stage).
+and ``cuda`` (the bench per backend), ``numpy_baseline`` (the CPU baseline), ``report``
+(the printed table), ``plot``, ``run`` (one run),
+``peers`` and ``peer_gradients`` (``--peers``), ``footprint`` (the memory a shape needs),
+``options`` (the options the command lines share and their checks). Benches of their own:
+``gradients`` (the gradient ops against a copy), ``memory`` (the peak memory of a training
+step), ``layer`` (the transformers experts layer of real models, and its decode steps in a
+CUDA graph), ``distributed`` (the expert-parallel layer's time per stage).
+
+Every GPU run writes a record (``records``: figures with their min, median and max;
+``environment``: the commit, the device and its clocks, the versions) under ``results/``;
+``compare`` compares two records of one card, ``tables`` renders the README's and the docs'
+tables from records and checks them.
 """

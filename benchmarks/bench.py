@@ -15,7 +15,7 @@ from moe_numba.__main__ import backend_option, check_fits, check_topk, choose_ta
 
 from . import cases, environment, footprint, peers, records
 from .compare import check_same_card
-from .options import check_writable, number
+from .options import check_writable, number, record_option
 from .run import Settings, run
 from .target import choose
 
@@ -46,12 +46,7 @@ def parser():
         "--dtype", choices=sorted(cases.DTYPES), help="row dtype of the one shape (default bf16)"
     )
     number(bench, "repeat", default_text="15 on a GPU, 7 on the CPU; with --quick 5, 3")
-    bench.add_argument(
-        "--json",
-        metavar="FILE",
-        help="write the run's record there (rewritten after every shape); by default a GPU "
-        "run writes it under benchmarks/results/CARD/, a CPU run nowhere",
-    )
+    record_option(bench, "under benchmarks/results/CARD/ on a GPU, none on the CPU")
     bench.add_argument(
         "--compare",
         metavar="OLD.json",

@@ -16,6 +16,7 @@ import sys
 from typing import NamedTuple
 
 from . import records
+from .options import float_in
 
 THRESHOLD = 5.0  # percent
 
@@ -106,16 +107,6 @@ def print_comparison(old, new_rows, new_name, threshold=THRESHOLD, out=None):
     return worse
 
 
-def _percent(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= 1000:
-        raise argparse.ArgumentTypeError(f"expected a percentage from 0 to 1000; got {text!r}")
-    return value
-
-
 def parser():
     """The command line's parser."""
     command = argparse.ArgumentParser(
@@ -127,7 +118,7 @@ def parser():
     command.add_argument("new", metavar="NEW.json", help="the later record")
     command.add_argument(
         "--threshold",
-        type=_percent,
+        type=float_in(lambda v: 0 <= v <= 1000, "a percentage from 0 to 1000"),
         default=THRESHOLD,
         metavar="PERCENT",
         help=f"flag a figure this much worse (default {THRESHOLD:g})",

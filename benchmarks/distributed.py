@@ -24,7 +24,7 @@ import torch.distributed as dist
 from moe_numba.__main__ import check_topk
 
 from . import environment, records
-from .options import check_writable, number
+from .options import check_writable, number, record_option
 from .records import Figure
 
 
@@ -174,12 +174,7 @@ def parser():
         given = None if name in ("ranks", "topk") else default
         number(command, name, given, shown, meanings.get(name))
     command.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    command.add_argument(
-        "--json",
-        metavar="FILE",
-        help="write the run's record there (default: under benchmarks/results/CARD/ for an "
-        "NCCL run, nowhere for a gloo run)",
-    )
+    record_option(command, "under benchmarks/results/CARD/ for an NCCL run, none for gloo")
     return command
 
 

@@ -36,7 +36,7 @@ from . import environment, records
 from .bytes import padded_rows
 from .cases import DTYPES, Case, defaults, make_inputs
 from .footprint import gradients_need
-from .options import check_writable, number
+from .options import check_writable, number, record_option
 from .report import print_table
 from .target import NoGPUError, choose
 from .workload import Operation, time_operations
@@ -141,11 +141,7 @@ def parser():
     )
     number(command, "repeat", default=15)
     command.add_argument("--check", action="store_true", help="compare with the CPU first")
-    command.add_argument(
-        "--json",
-        metavar="FILE",
-        help="write the run's record there (default: under benchmarks/results/CARD/)",
-    )
+    record_option(command)
     return command
 
 

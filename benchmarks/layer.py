@@ -40,7 +40,14 @@ import math
 import sys
 
 from . import environment, records
-from .options import LIMITS, check_writable, number, torch_cuda_problem
+from .options import (
+    LIMITS,
+    check_writable,
+    float_in,
+    number,
+    record_option,
+    torch_cuda_problem,
+)
 from .records import Figure
 
 # name -> (transformers model type, its experts class, config keyword arguments, top-k)
@@ -103,16 +110,6 @@ def _tokens(text):
     return values
 
 
-def _gib(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a positive number of GiB; got {text!r}")
-    return value
-
-
 def parser():
     """The command line's parser."""
     command = argparse.ArgumentParser(
@@ -149,15 +146,11 @@ def parser():
     number(command, "warmup", default=3)
     command.add_argument(
         "--batched-limit-gib",
-        type=_gib,
+        type=float_in(lambda v: 0 < v < math.inf, "a positive number of GiB"),
         default=8.0,
         help="skip batched_mm where its per-pair weight copies pass this many GiB (default 8)",
     )
-    command.add_argument(
-        "--json",
-        metavar="FILE",
-        help="write the run's record there (default: under benchmarks/results/CARD/)",
-    )
+    record_option(command)
     return command
 
 

@@ -26,7 +26,7 @@ from moe_numba.__main__ import check_fits, check_topk
 
 from . import environment, records
 from .footprint import memory_need
-from .options import check_writable, number, torch_cuda_problem
+from .options import check_writable, number, record_option, torch_cuda_problem
 from .records import Figure
 
 
@@ -144,11 +144,7 @@ def parser():
         ("alignment", 128),
     ):
         number(command, name, default=default)
-    command.add_argument(
-        "--json",
-        metavar="FILE",
-        help="write the run's record there (default: under benchmarks/results/CARD/)",
-    )
+    record_option(command)
     return command
 
 

@@ -7,6 +7,8 @@ checks them the same way); the benchmarks add theirs.
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 
 from moe_numba.__main__ import LIMITS as SHAPE_LIMITS
@@ -37,6 +39,30 @@ MEANINGS = {
 def number(parser, name, default=None, default_text=None, meaning=None):
     """Add the integer option ``--name`` to ``parser``, within ``LIMITS[name]``."""
     add_number(parser, name, LIMITS[name], meaning or MEANINGS[name], default, default_text)
+
+
+def float_in(accept, expected):
+    """An argparse ``type`` for a float that ``accept(value)`` takes (NaN never passes a
+    comparison), else an error saying ``expected``."""
+
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}; got {text!r}")
+        return value
+
+    return parse
+
+
+def record_option(parser, default="under benchmarks/results/CARD/"):
+    """Add ``--json FILE``: where the run writes its record (``default`` says where it goes
+    without it)."""
+    parser.add_argument(
+        "--json", metavar="FILE", help=f"write the run's record there (default: {default})"
+    )
 
 
 def check_writable(parser, option, path):

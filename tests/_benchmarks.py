@@ -1,12 +1,25 @@
-"""Running ``python -m benchmarks`` in a fresh interpreter, as the tests' own process has the
-packages: the checkout's ``benchmarks`` folder, and moe_numba from wherever it is installed
-(tox: the wheel)."""
+"""Helpers of the benchmarks' tests: the shape refusals every benchmark shares, a check of an
+argparse refusal, made-up record headers and figures, and ``python -m benchmarks`` in a
+fresh interpreter with the packages the tests' own process has (the checkout's
+``benchmarks`` folder, moe_numba from wherever it is installed: tox's wheel)."""
 
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# refusals of the shape options every benchmark with a shape shares: (argv, message regex)
+BOUNDS = [
+    (["--tokens", "0"], r"argument --tokens: must be from 1 to 1048576; got 0$"),
+    (["--hidden", "x"], r"argument --hidden: expected an integer from 1 to 65536; got 'x'$"),
+    (["--experts", "0"], r"argument --experts: must be from 1 to 4096; got 0$"),
+    (
+        ["--topk", "9", "--experts", "4"],
+        r"argument --topk: must be at most the number of experts \(--experts 4\): each token "
+        r"goes to distinct experts; got 9$",
+    ),
+]
 
 
 def run_module(*argv):
@@ -46,3 +59,19 @@ def figure(value, spread=0.0):
     from benchmarks.records import Figure
 
     return Figure(value - spread, value, value + spread, 15)
+
+
+def assert_refused(call, prog, message, capsys):
+    """``call()`` must end in an argparse error of ``prog``: exit status 2, its usage first
+    and ``message`` (a regex) in its last line."""
+    import re
+
+    import pytest
+
+    with pytest.raises(SystemExit, match="^2$"):
+        call()
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {prog}"), err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"{prog}: error: "), last
+    assert re.search(message, last), last

@@ -8,14 +8,13 @@ The peers' kernels themselves run only on a GPU: ``python -m benchmarks bench --
 
 import hashlib
 import os
-import re
 import sys
 import types
 import zipfile
 
 import pytest
 
-from _benchmarks import figure
+from _benchmarks import assert_refused, figure
 from _torch_cases import to_torch, torch
 from benchmarks import bench, records, report
 from benchmarks import cases as _cases
@@ -33,10 +32,7 @@ def _settings(argv):
 
 
 def _refused(argv, message, capsys):
-    with pytest.raises(SystemExit, match="^2$"):
-        _settings(argv)
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert re.search(message, last), last
+    assert_refused(lambda: _settings(argv), "python -m benchmarks bench", message, capsys)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from _benchmarks import figure, header
+from _benchmarks import assert_refused, figure, header
 from benchmarks import compare, environment, records, tables
 from benchmarks.cases import Case
 from benchmarks.peers import OURS, TE, VLLM, op_name
@@ -183,11 +183,7 @@ def test_compare_lists_rows_that_one_record_lacks(tmp_path, capsys):
 
 
 def _refused(argv, message, capsys):
-    with pytest.raises(SystemExit, match="^2$"):
-        compare.main(argv)
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("python -m benchmarks compare: error: "), last
-    assert re.search(message, last), last
+    assert_refused(lambda: compare.main(argv), "python -m benchmarks compare", message, capsys)
 
 
 def test_compare_refuses_records_of_two_cards_or_two_benchmarks(tmp_path, capsys):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from _benchmarks import run_module
+from _benchmarks import BOUNDS, assert_refused, run_module
 from benchmarks import distributed, gradients
 from benchmarks.__main__ import main
 from benchmarks.target import NoGPUError
@@ -17,25 +17,7 @@ torch = pytest.importorskip("torch")  # distributed, memory and layer are torch 
 
 def _refused(argv, message, capsys):
     """``python -m benchmarks ARGV`` must exit with status 2, ``message`` (a regex) last."""
-    with pytest.raises(SystemExit, match="^2$"):
-        main(argv)
-    err = capsys.readouterr().err
-    assert err.startswith(f"usage: python -m benchmarks {argv[0]}"), err
-    last = err.strip().splitlines()[-1]
-    assert last.startswith(f"python -m benchmarks {argv[0]}: error: "), last
-    assert re.search(message, last), last
-
-
-BOUNDS = [
-    (["--tokens", "0"], r"argument --tokens: must be from 1 to 1048576; got 0$"),
-    (["--hidden", "x"], r"argument --hidden: expected an integer from 1 to 65536; got 'x'$"),
-    (["--experts", "0"], r"argument --experts: must be from 1 to 4096; got 0$"),
-    (
-        ["--topk", "9", "--experts", "4"],
-        r"argument --topk: must be at most the number of experts \(--experts 4\): each token "
-        r"goes to distinct experts; got 9$",
-    ),
-]
+    assert_refused(lambda: main(argv), f"python -m benchmarks {argv[0]}", message, capsys)
 
 
 @pytest.mark.parametrize(
@@ -131,11 +113,11 @@ def no_gpu(backend):
 )
 def test_gradients(argv, message, capsys):
     command = gradients.parser()
-    with pytest.raises(SystemExit, match="^2$"):
+
+    def check():
         gradients.settings(command, command.parse_args(argv), choose=no_gpu)
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("python -m benchmarks gradients: error: ")
-    assert re.search(message, last), last
+
+    assert_refused(check, "python -m benchmarks gradients", message, capsys)
 
 
 def test_gradients_refuse_a_shape_beyond_memory(capsys):
@@ -162,11 +144,6 @@ def test_memory(argv, message, capsys):
     _refused(["memory", *argv], message, capsys)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
-def test_memory_without_a_gpu(capsys):
-    _refused(["memory"], r"needs torch with a CUDA GPU; torch \S+ sees no CUDA GPU$", capsys)
-
-
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -187,8 +164,9 @@ def test_layer(argv, message, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
-def test_layer_without_a_gpu(capsys):
-    _refused(["layer"], r"needs torch with a CUDA GPU; torch \S+ sees no CUDA GPU$", capsys)
+@pytest.mark.parametrize("command", ["memory", "layer"])
+def test_without_a_gpu(command, capsys):
+    _refused([command], r"needs torch with a CUDA GPU; torch \S+ sees no CUDA GPU$", capsys)
 
 
 def test_a_command_whose_dependency_is_missing(monkeypatch, capsys):
