@@ -29,7 +29,9 @@ extensions = [
 # render offline (sphinx.ext.mathjax would load MathJax from a CDN); a stray :math: role
 # fails the -W build.
 
-exclude_patterns = ["_build", "examples"]
+# lab-notes.rst is the developers' notebook of dated runs: kept in the repository beside the
+# pages it once belonged to (the code's comments cite it there), not published
+exclude_patterns = ["_build", "examples", "lab-notes.rst"]
 templates_path = []
 default_role = "code"  # `x` renders as code, as in the numpydoc docstrings
 highlight_language = "python"

@@ -107,7 +107,7 @@ def _workload(target, tokens, hidden, experts, topk):
 
 
 def run_demo(target, tokens, hidden, experts, topk):
-    """Run the demo on ``target`` (:mod:`moe_numba.bench._target`) with a random workload of
+    """Run the demo on ``target`` (:mod:`moe_numba._target`) with a random workload of
     the given shape (``topk <= experts``); returns the exit status (0: everything matched)."""
     print(f"backend: {target.description}\n")
     ok = _docs_example(target)

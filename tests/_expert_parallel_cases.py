@@ -290,7 +290,7 @@ def _exit_cleanly(queue):
 
 def worker(rank, ranks, port, cases, queue):
     """One process of the group: every case in turn, verdicts to ``queue``; stops by itself."""
-    from moe_numba.bench._distributed import join_local_group
+    from benchmarks.distributed import join_local_group
 
     try:
         join_local_group(rank, ranks, port, timeout=60, threads=1)  # several per core here
@@ -315,7 +315,7 @@ def timeout_worker(rank, ranks, port, queue, stop):
     """Rank 1 never calls the layer (as if it had raised before it) and stays alive until
     rank 0 has ended (``stop``, set by the parent; gloo may abort a process whose peer left
     first); rank 0 calls it and waits in the first agreement until the group's timeout."""
-    from moe_numba.bench._distributed import join_local_group
+    from benchmarks.distributed import join_local_group
 
     join_local_group(rank, ranks, port, timeout=TIMEOUT, threads=1)
     name = "a rank that never calls the layer"
@@ -336,7 +336,7 @@ def nccl_worker(rank, ranks, port, queue):
     three with validate=True: the agreements'; none backward)."""
     import warnings
 
-    from moe_numba.bench._distributed import join_local_group
+    from benchmarks.distributed import join_local_group
     from moe_numba.runtime import _status
 
     try:

@@ -26,9 +26,20 @@ counts every skip of the run by reason (``-rs`` lists them one by one).
 """
 
 import os
+import sys
 from collections import Counter
+from pathlib import Path
 
 os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
+
+# The benchmarks' tests import ``benchmarks`` from the checkout's top folder, which no wheel
+# installs. Appended, not prepended: where moe_numba is installed (tox tests the wheel from a
+# scratch folder), the installed moe_numba and moe_cpu still come first, and only
+# ``benchmarks`` comes from the checkout. ``python -m pytest`` from the checkout's root has
+# the root first on the path already.
+CHECKOUT = str(Path(__file__).resolve().parent.parent)
+if CHECKOUT not in sys.path:
+    sys.path.append(CHECKOUT)
 
 import pytest  # noqa: E402
 
@@ -110,6 +121,7 @@ def pytest_report_header(config):
     return [
         f"moe-numba backends under test: {', '.join(_selected(config))}",
         f"CUDA simulator: {simulator}; {_cpu_build()}",
+        _sources(),
     ]
 
 
@@ -195,3 +207,13 @@ def _cpu_build():
         return f"moe_cpu: not importable ({error}); `pip install -e .` builds it"
     openmp = "OpenMP" if moe_cpu.openmp_enabled() else "serial (no OpenMP)"
     return f"moe_cpu: {openmp}, {moe_cpu.get_num_threads()} threads, from {moe_cpu.__file__}"
+
+
+def _sources():
+    """Where the library under test and the benchmarks come from (tox: the installed wheel
+    and the checkout's ``benchmarks`` folder)."""
+    import importlib.util
+
+    found = {n: importlib.util.find_spec(n) for n in ("moe_numba", "benchmarks")}
+    where = {n: os.path.dirname(spec.origin) if spec else "not found" for n, spec in found.items()}
+    return f"moe_numba from {where['moe_numba']}; benchmarks from {where['benchmarks']}"

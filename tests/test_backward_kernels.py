@@ -359,13 +359,13 @@ def test_permute_backward_empty():
 
 
 # ---------------------------------------------------------------------------------------
-# the bench's gradient calls (moe_numba.bench._gradients)
+# the bench's gradient calls (benchmarks/gradients.py)
 
 
 def test_bench_gradient_calls_match_the_cpu_backend():
-    from moe_numba.bench import _gradients
-    from moe_numba.bench._cases import Case
-    from moe_numba.bench._target import CudaTarget
+    from benchmarks import gradients as _gradients
+    from benchmarks.cases import Case
+    from benchmarks.target import CudaTarget
 
     case = Case(tokens=6, hidden=12, experts=4, topk=2, alignment=4, dtype="bf16")
     target = CudaTarget("numba")

@@ -5,28 +5,21 @@ Speed itself is measured by running the bench, not by tests.
 """
 
 import json
+import re
 
 import numpy as np
 import pytest
 
+from _benchmarks import figure, header
 from _cases import assert_same_bits
+from benchmarks import bench, cpu, cuda, numpy_baseline, records, report, timers
+from benchmarks import bytes as _bytes
+from benchmarks import cases as _cases
+from benchmarks.cases import Case
+from benchmarks.records import Result
+from benchmarks.run import Settings, run
+from benchmarks.target import CpuTarget
 from moe_numba import _oracle, moe_permute
-from moe_numba.__main__ import main
-from moe_numba.bench import (
-    Settings,
-    _bytes,
-    _cases,
-    _cpu,
-    _cuda,
-    _numpy,
-    _report,
-    _results,
-    _timers,
-    run,
-)
-from moe_numba.bench._cases import Case
-from moe_numba.bench._results import Result
-from moe_numba.bench._target import CpuTarget
 
 TINY = dict(tokens=16, hidden=8, experts=4, topk=2, alignment=4)
 TINY_ARGS = [f"--{k}={v}" for k, v in TINY.items()] + ["--repeat=1"]
@@ -69,14 +62,14 @@ def test_numpy_baselines_follow_the_contract():
     case = Case(tokens=33, hidden=16, experts=6, topk=3, alignment=4, dtype="bf16")
     x = _cases.make_inputs(case, seed=3)
     expected, _ = _oracle.permute(x.hidden, None, x.routemap, x.probs, 6, x.counts, 4)
-    rows, rowmap, row_probs = _numpy.permute(x.hidden, x.routemap, x.probs, x.counts, 4)
+    rows, rowmap, row_probs = numpy_baseline.permute(x.hidden, x.routemap, x.probs, x.counts, 4)
     assert_same_bits(rows, expected[0], "rows")
     assert_same_bits(rowmap, expected[1], "rowmap")
     assert_same_bits(row_probs, expected[2], "row probabilities")
     (combined, _), _ = _oracle.unpermute(
         rows, rowmap, x.routemap, row_probs, 33, 6, using_weighted_combine=True
     )
-    baseline = _numpy.unpermute(rows, rowmap, x.routemap, row_probs)
+    baseline = numpy_baseline.unpermute(rows, rowmap, x.routemap, row_probs)
     # rounded products summed in slot order, not the contract's fma in expert order
     np.testing.assert_allclose(
         baseline.astype(np.float32), combined.astype(np.float32), rtol=2**-7, atol=2**-7
@@ -93,7 +86,11 @@ FP8 = Case(tokens=256, hidden=64, experts=8, topk=2, alignment=16, dtype="fp8")
 def _gpu_result(case, op, nbytes, gpu, copy_gpu, one_call=50.0, host=30.0):
     us = dict(gpu=gpu, one_call=one_call, host=host, host_busy=host - 10)
     copy_us = dict(gpu=copy_gpu, one_call=copy_gpu + 5, host=8.0, host_busy=6.0)
-    return Result(case, op, nbytes, us, copy_us)
+    return Result(case, op, nbytes, _figures(us), _figures(copy_us))
+
+
+def _figures(medians):
+    return {mode: figure(value) for mode, value in medians.items()}
 
 
 def _gpu_results():
@@ -111,22 +108,27 @@ def test_result_figures():
     assert r.gbps == pytest.approx(200.0)  # 2e6 bytes in 10 us
     assert r.copy_gbps == pytest.approx(250.0)
     assert r.percent == pytest.approx(80.0)
-    cpu = Result(BF16, "permute", 3_000_000, {"wall": 1000.0}, {"wall": 500.0}, numpy_us=9000.0)
+    cpu = Result(BF16, "permute", 3_000_000, _figures({"wall": 1000.0}), _figures({"wall": 500.0}))
     assert (cpu.gbps, cpu.percent) == (pytest.approx(3.0), pytest.approx(50.0))
+    spread = Result(BF16, "permute", 2_000_000, {"gpu": figure(10.0, 5.0)}, {"gpu": figure(8.0)})
+    assert spread.gbps == pytest.approx(200.0)  # from the median
 
 
 def test_json_round_trip(tmp_path):
     path = tmp_path / "run.json"
     results = _gpu_results()
-    _results.save(path, "cuda (torch arrays)", results)
+    records.save_results(path, header(), results)
     document = json.loads(path.read_text())
-    assert document["format"] == _results.FORMAT
-    first = document["results"][0]
-    assert first["us"] == {"gpu": 10.0, "one_call": 50.0, "host": 30.0, "host_busy": 20.0}
-    assert first["copy_us"]["gpu"] == 8.0 and first["percent"] == pytest.approx(80.0)
-    backend, loaded = _results.load(path)
-    assert backend == "cuda (torch arrays)"
-    assert loaded == results
+    assert document["format"] == records.FORMAT == 3
+    assert document["device"]["name"] == "NVIDIA H100 80GB HBM3"
+    first = document["rows"][0]
+    assert first["key"] == f"{BF16.label()} | permute" and first["unit"] == "us"
+    assert first["figures"]["gpu"] == {"min": 10.0, "median": 10.0, "max": 10.0, "n": 15}
+    assert first["copy"]["gpu"]["median"] == 8.0 and first["percent"] == pytest.approx(80.0)
+    record = records.load(path)
+    assert record.header["backend"] == "cuda (torch arrays, numba.cuda kernels)"
+    assert record.card == "NVIDIA H100 80GB HBM3"
+    assert record.results() == results
 
 
 # a record of the first version's JSON (one time per operation), as it wrote them
@@ -147,12 +149,17 @@ FIRST_FORMAT = dict(
     [
         (None, r"cannot read .*run.json: No such file or directory$"),
         ("not json", r"run.json is not JSON: Expecting value"),
-        ("[1, 2]", r"run.json is not a moe-numba bench JSON file \(no 'results'\)$"),
+        ("[1, 2]", r"run.json is not a moe-numba benchmark record \(no 'rows'\)$"),
         (json.dumps(FIRST_FORMAT), r"run.json was written by an older moe-numba \(one time per "
-         r"operation\); this bench reads format 2: run the bench again with --json"),
-        ('{"format": 3, "results": []}', r"written by format 3; this bench reads format 2"),
-        ('{"format": 2, "results": [{"op": "permute"}]}',
-         r"run.json: a result is malformed \(KeyError: 'tokens'\)$"),
+         r"operation\); the benchmarks read records of format 3: run the benchmark again"),
+        ('{"format": 2, "results": []}', r"written by an older moe-numba \(medians only, no "
+         r"commit or device\); the benchmarks read records of format 3"),
+        ('{"format": 4, "rows": []}', r"written by format 4; the benchmarks read records of"),
+        ('{"format": 3, "rows": [{"key": "k", "figures": {"gpu": {"min": 1}}}]}',
+         r"run.json: row 0 is malformed \(KeyError: 'median'\)$"),
+        ('{"format": 3, "rows": [{"key": "k", "figures": {}}]}',
+         r"run.json: row 0 is malformed \(no 'unit'\)$"),
+        ('{"format": 3, "rows": []}', r"run.json: the record has no 'what'$"),
     ],
 )  # fmt: skip
 def test_load_refuses_what_it_cannot_read(tmp_path, text, message):
@@ -160,14 +167,14 @@ def test_load_refuses_what_it_cannot_read(tmp_path, text, message):
     if text is not None:
         path.write_text(text)
     with pytest.raises(ValueError, match=message):
-        _results.load(path)
+        records.load(path)
 
 
 # ------------------------------------------------------------------------------ table, compare
 
 
 def test_table_of_gpu_results(capsys):
-    _report.print_table(_gpu_results())
+    report.print_table(_gpu_results())
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["operation", "GPU", "us", "GB/s", "%", "copy", "1-call", "us"] + [
         "host",
@@ -193,43 +200,25 @@ def test_table_of_gpu_results(capsys):
 
 def test_table_of_cpu_results(capsys):
     results = [
-        Result(BF16, "permute", 3_000_000, {"wall": 1000.0}, {"wall": 500.0}, numpy_us=9000.0)
+        Result(
+            BF16,
+            "permute",
+            3_000_000,
+            _figures({"wall": 1000.0}),
+            _figures({"wall": 500.0}),
+            numpy_us=figure(9000.0),
+        )
     ]
-    _report.print_table(results)
+    report.print_table(results)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["operation", "wall", "us", "GB/s", "%", "copy", "vs", "NumPy"]
     assert lines[3].split() == ["copy", "for", "permute", "500.0", "6.0", "100.0%"]
     assert lines[4].split() == ["permute", "1000.0", "3.0", "50.0%", "9.0x"]
 
 
-def test_comparison(capsys):
-    new = _gpu_results()
-    old = [
-        _gpu_result(BF16, "permute", 2_000_000, 20.0, 8.0, one_call=100.0, host=15.0),
-        _gpu_result(BF16, "unpermute weighted", 1_000_000, 5.0, 10.0),
-    ]
-    _report.print_comparison(new, old, "old.json")
-    out = capsys.readouterr().out
-    assert "compared with old.json: old time / new time (> 1: faster now)" in out
-    permute = next(line for line in out.splitlines() if line.strip().startswith("permute  "))
-    assert "GPU  2.00x (20.0 -> 10.0 us)" in permute
-    assert "1-call  2.00x (100.0 -> 50.0 us)" in permute
-    assert "host  0.50x (15.0 -> 30.0 us)" in permute
-    assert "GPU  2.00x (10.0 -> 5.0 us)" in out  # the unpermute's copy ran faster before
-    assert "permute validate=False" in out and "(not in old.json)" in out
-    assert "2 result(s) of this run are not in old.json" in out
-
-
-def test_comparison_across_backends_says_there_is_nothing_to_compare(capsys):
-    cpu = Result(BF16, "permute", 2_000_000, {"wall": 900.0}, {"wall": 500.0})
-    _report.print_comparison([_gpu_results()[0]], [cpu], "cpu.json")
-    out = capsys.readouterr().out
-    assert out.count("(measured in other modes there: wall)") == 2  # the copy and the op
-
-
 def test_plot(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the bench extra")
-    from moe_numba.bench._plot import plot
+    from benchmarks.plot import plot
 
     results = [
         _gpu_result(Case(t, 64, 8, 2, 16, "bf16"), "permute", 1000 * t, t / 100, t / 120)
@@ -285,7 +274,7 @@ class _FakeHold:
 
 def _timer(elapsed_ms=0.5, **kwargs):
     log = []
-    timer = _timers.CudaTimer(
+    timer = timers.CudaTimer(
         cuda=_FakeCuda(log, elapsed_ms), hold=_FakeHold(log), **dict(repeat=2, batch=3, **kwargs)
     )
     return timer, log
@@ -331,11 +320,13 @@ def test_busy_host_mode_of_a_synchronizing_call_runs_back_to_back_without_the_ho
 def test_timers_report_every_mode_after_warm_up():
     timer, log = _timer(warmup=4)
     figures = timer.time(lambda: log.append("call"))
-    assert tuple(figures) == _results.CUDA_MODES
+    assert tuple(figures) == records.CUDA_MODES
     assert log[:4] == ["call"] * 4 and log[4] == "hold"
     calls = []
-    wall = _timers.WallTimer(repeat=3, warmup=2).time(lambda: calls.append(1))
-    assert tuple(wall) == _results.CPU_MODES and wall["wall"] > 0 and len(calls) == 5
+    wall = timers.WallTimer(repeat=3, warmup=2).time(lambda: calls.append(1))
+    assert tuple(wall) == records.CPU_MODES and len(calls) == 5
+    assert 0 < wall["wall"].min <= wall["wall"].median <= wall["wall"].max
+    assert wall["wall"].n == 3
 
 
 # ------------------------------------------------------------------------------ the benches
@@ -353,7 +344,7 @@ class _FixedTimer:
         self.hold_timeouts = 1
         self.timed.append(synchronizes)
         us = 1.0 if len(self.timed) in (1, 4) else 2.0  # the copies come first of each op
-        return dict.fromkeys(_results.CUDA_MODES, us)
+        return dict.fromkeys(records.CUDA_MODES, figure(us))
 
 
 def test_cuda_bench_times_every_operation_against_a_copy(capsys):
@@ -361,7 +352,7 @@ def test_cuda_bench_times_every_operation_against_a_copy(capsys):
     GPU-specific parts): the operations, their bytes and copies, the hold warning."""
     case = Case(**TINY, dtype="bf16")
     timer = _FixedTimer()
-    results = _cuda.bench_case(case, CpuTarget(), timer)
+    results = cuda.bench_case(case, CpuTarget(), timer)
     assert [r.op for r in results] == [
         "permute",
         "permute validate=False",
@@ -376,34 +367,44 @@ def test_cuda_bench_times_every_operation_against_a_copy(capsys):
     assert "1 timed batch(es) took the host longer" in capsys.readouterr().err
 
 
-def test_cpu_bench_prints_saves_and_compares(tmp_path, capsys):
+def test_cpu_bench_prints_records_and_compares(tmp_path, capsys):
     path = tmp_path / "run.json"
-    assert main(["bench", "--backend=cpu", *TINY_ARGS, f"--json={path}"]) == 0
+    assert bench.main(["--backend=cpu", *TINY_ARGS, f"--json={path}"]) == 0
     captured = capsys.readouterr()
     assert "[1/1] bf16 T=16 H=8 E=4 K=2 A=4" in captured.err  # progress, as the shape starts
     assert "% copy" in captured.out and "bf16 T=16 H=8 E=4 K=2 A=4" in captured.out
-    backend, results = _results.load(path)
-    assert backend.startswith("cpu (NumPy arrays")
+    assert f"record: {path}" in captured.err
+    record = records.load(path)
+    assert record.header["backend"].startswith("cpu (NumPy arrays")
+    assert record.header["what"] == "bench" and record.header["device"]["cores"] >= 1
+    assert record.header["command"] == "python -m benchmarks bench --backend=cpu " + " ".join(
+        [*TINY_ARGS, f"--json={path}"]
+    )
+    assert record.header["versions"]["moe_numba"]
+    results = record.results()
     assert [r.op for r in results] == ["permute", "unpermute weighted"]
     for r in results:
         assert tuple(r.us) == tuple(r.copy_us) == ("wall",)
-        assert r.us["wall"] > 0 and r.copy_us["wall"] > 0 and r.numpy_us > 0
-    assert main(["bench", "--backend=cpu", *TINY_ARGS, f"--compare={path}"]) == 0
+        assert r.us["wall"].n == 1 and r.numpy_us.n == 3  # --repeat=1; the baseline's floor
+        assert r.us["wall"].median > 0 and r.copy_us["wall"].median > 0
+    assert bench.main(["--backend=cpu", *TINY_ARGS, f"--compare={path}"]) == 0
     out = capsys.readouterr().out
-    assert f"compared with {path}" in out and "not in" not in out
+    assert f"old: {path}: bench" in out and "new: this run" in out
+    assert "only in" not in out
+    assert re.search(r"^4 figures compared, \d+ more than 5% worse", out, flags=re.M), out
 
 
 def test_a_run_prints_each_shape_as_it_finishes(monkeypatch, capsys):
     """A sweep prints a shape's rows before the next shape starts, the titles once."""
     cases = [Case(**TINY, dtype="bf16"), Case(**dict(TINY, tokens=32), dtype="bf16")]
     printed_before = []
-    bench_case = _cpu.bench_case
+    bench_case = cpu.bench_case
 
     def recording(case, target, timer):
         printed_before.append(capsys.readouterr().out)
         return bench_case(case, target, timer)
 
-    monkeypatch.setattr(_cpu, "bench_case", recording)
+    monkeypatch.setattr(cpu, "bench_case", recording)
     assert run(Settings(CpuTarget(), cases, repeat=1)) == 0
     last = capsys.readouterr().out
     assert printed_before[0] == ""
@@ -414,7 +415,7 @@ def test_a_run_prints_each_shape_as_it_finishes(monkeypatch, capsys):
 def test_each_operation_gets_its_copy_row_even_at_equal_bytes(capsys):
     """A permute and an unpermute that move the same bytes each have their copy row (the
     permute's options share it)."""
-    _report.print_table(
+    report.print_table(
         [
             _gpu_result(BF16, "permute", 1_000_000, 10.0, 8.0),
             _gpu_result(BF16, "permute validate=False", 1_000_000, 9.0, 8.0),

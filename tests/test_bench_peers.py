@@ -1,35 +1,38 @@
-"""``python -m moe_numba bench --peers``: everything that runs without a GPU. Its options and
+"""``python -m benchmarks bench --peers``: everything that runs without a GPU. Its options and
 their checks, the refusal without a GPU, the cache folder (where it is, what ``fetch`` does
 with pip's wheels, with a stand-in for pip), the plumbing of one case with peers that failed
 to load, and the printed table of made-up results.
 
-The peers' kernels themselves run only on a GPU: ``python -m moe_numba bench --peers``.
+The peers' kernels themselves run only on a GPU: ``python -m benchmarks bench --peers``.
 """
 
 import hashlib
 import os
-import re
 import sys
 import types
 import zipfile
 
 import pytest
 
-import moe_numba.bench
+from _benchmarks import assert_refused, figure
 from _torch_cases import to_torch, torch
-from moe_numba import __main__ as cli
-from moe_numba.bench import _cases, _peers, _report, _results
-from moe_numba.bench._cases import Case
-from moe_numba.bench._peer_gradients import bench_gradients
-from moe_numba.bench._peers import OURS, TE, VLLM, PeerBench, op_name
-from moe_numba.bench._results import Result
+from benchmarks import bench, records, report
+from benchmarks import cases as _cases
+from benchmarks import peers as _peers
+from benchmarks.cases import Case
+from benchmarks.options import torch_cuda_problem
+from benchmarks.peer_gradients import bench_gradients
+from benchmarks.peers import OURS, TE, VLLM, PeerBench, op_name
+from benchmarks.records import Result
+
+
+def _settings(argv):
+    parser = bench.parser()
+    return bench.settings(parser, parser.parse_args(argv))
 
 
 def _refused(argv, message, capsys):
-    with pytest.raises(SystemExit, match="^2$"):
-        cli.main(argv)
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert re.search(message, last), last
+    assert_refused(lambda: _settings(argv), "python -m benchmarks bench", message, capsys)
 
 
 @pytest.fixture
@@ -45,8 +48,8 @@ def cache_home(tmp_path, monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
 def test_refused_without_a_gpu(cache_home, capsys):
     _refused(
-        ["bench", "--peers"],
-        r"^python -m moe_numba bench: error: argument --peers: needs torch with a CUDA GPU; "
+        ["--peers"],
+        r"^python -m benchmarks bench: error: argument --peers: needs torch with a CUDA GPU; "
         r"torch \S+ sees no CUDA GPU$",
         capsys,
     )
@@ -55,7 +58,7 @@ def test_refused_without_a_gpu(cache_home, capsys):
 
 def test_refused_without_torch(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # as when torch is not installed
-    assert _peers._no_torch_gpu() == "torch is not installed: pip install 'moe-numba[gpu,torch]'"
+    assert torch_cuda_problem() == "torch is not installed: pip install 'moe-numba[gpu,torch]'"
 
 
 @pytest.mark.parametrize(
@@ -71,14 +74,14 @@ def test_refused_without_torch(monkeypatch):
     ],
 )
 def test_options_that_go_only_with_peers(argv, message, cache_home, capsys):
-    _refused(["bench", *argv], message, capsys)
+    _refused(argv, message, capsys)
 
 
 def test_a_cache_that_is_a_file_is_refused(tmp_path, capsys):
     path = tmp_path / "file"
     path.write_text("")
     _refused(
-        ["bench", "--peers", f"--peers-cache={path}"],
+        ["--peers", f"--peers-cache={path}"],
         f"argument --peers-cache: {path} is a file; give a folder$",
         capsys,
     )
@@ -86,19 +89,16 @@ def test_a_cache_that_is_a_file_is_refused(tmp_path, capsys):
 
 @pytest.fixture
 def fake_gpu(monkeypatch, tmp_path):
-    """As on a machine with a GPU whose peers are in the cache already: what the bench
-    would run with is recorded instead of run."""
-    runs = []
-    monkeypatch.setattr(_peers, "_no_torch_gpu", lambda: "")
+    """As on a machine with a GPU whose peers are in the cache already: the settings the
+    bench would run with, from its options."""
+    monkeypatch.setattr(_peers, "torch_cuda_problem", lambda: "")
     monkeypatch.setattr(_peers, "fetch", lambda cache: _peers.PeerFiles(cache))
     monkeypatch.setattr(_peers, "load", lambda files: {TE: "not here", VLLM: "not here"})
-    monkeypatch.setattr(moe_numba.bench, "run", lambda settings: runs.append(settings) or 0)
-    return runs
+    return _settings
 
 
 def test_peers_run_the_published_shapes_by_default(fake_gpu, cache_home, capsys):
-    assert cli.main(["bench", "--peers", "--gradients"]) == 0
-    (settings,) = fake_gpu
+    settings = fake_gpu(["--peers", "--gradients"])
     assert settings.target.library == "torch"
     assert settings.cases == list(_peers.CASES)
     assert settings.repeat == _cases.REPEATS["cuda", False]
@@ -107,8 +107,7 @@ def test_peers_run_the_published_shapes_by_default(fake_gpu, cache_home, capsys)
 
 
 def test_peers_at_one_shape(fake_gpu, cache_home):
-    assert cli.main(["bench", "--peers", "--tokens=256", "--alignment=1", "--quick"]) == 0
-    (settings,) = fake_gpu
+    settings = fake_gpu(["--peers", "--tokens=256", "--alignment=1", "--quick"])
     default = _cases.defaults("cuda")
     assert settings.cases == [Case(**dict(default, tokens=256, alignment=1))]
     assert settings.repeat == _cases.REPEATS["cuda", True]
@@ -235,7 +234,7 @@ class _Timer:
 
     def time(self, fn, synchronizes=False):
         fn()
-        return dict.fromkeys(_results.CUDA_MODES, 2.0)
+        return dict.fromkeys(records.CUDA_MODES, figure(2.0))
 
 
 def test_one_case_with_peers_that_did_not_load():
@@ -262,8 +261,13 @@ def test_one_case_with_peers_that_did_not_load():
 def _result(op, nbytes, gpu):
     case = _peers.CASES[0]
     figures = dict(gpu=gpu, one_call=gpu + 10, host=30.0, host_busy=20.0)
+    copy = dict(gpu=500.0, one_call=510.0, host=9.0, host_busy=8.0)
     return Result(
-        case, op, nbytes, figures, dict(gpu=500.0, one_call=510.0, host=9.0, host_busy=8.0)
+        case,
+        op,
+        nbytes,
+        {m: figure(v) for m, v in figures.items()},
+        {m: figure(v) for m, v in copy.items()},
     )
 
 
@@ -279,7 +283,7 @@ def test_table_of_peer_results(capsys):
         (_peers.CASES[0], "check permute, vLLM: DIFFERENT"),
         (_peers.CASES[1], "check permute, TE: identical"),
     ]
-    _report.print_table(results)
+    report.print_table(results)
     bench.print_notes(_peers.CASES[0])
     lines = capsys.readouterr().out.splitlines()
     body = [line.split() for line in lines[2:]]

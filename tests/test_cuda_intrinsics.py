@@ -78,7 +78,7 @@ def test_rounding_conversions():
 def test_hold_waits_for_the_host_or_times_out(go, spins, timed_out):
     """The bench's stream hold returns at once when let go, and gives up (saying so) after
     its spins when not."""
-    from moe_numba.bench._hold import HOLD
+    from benchmarks.hold import HOLD
     from moe_numba.kernels._family import NoKey
     from moe_numba.runtime._launch import Launcher
 

@@ -6,8 +6,8 @@ import inspect
 
 import pytest
 
+from benchmarks import hold as _hold
 from moe_numba import _abi, kernels
-from moe_numba.bench import _hold
 from moe_numba.kernels._family import KernelFamily, NoKey, RoutingKey, variant_name
 from moe_numba.kernels.combine import CombineKey
 from moe_numba.kernels.gather import GatherKey

@@ -31,9 +31,9 @@ if config.ENABLE_CUDASIM:
 from numba import cuda  # noqa: E402
 from numba.cuda import types as nb  # noqa: E402
 
+from benchmarks import hold as _hold  # noqa: E402
 from moe_numba import _abi, kernels  # noqa: E402
 from moe_numba._errors import MISSING_TOOLKIT_ERRORS  # noqa: E402
-from moe_numba.bench import _hold  # noqa: E402
 from moe_numba.kernels import _intrinsics as ix  # noqa: E402
 from moe_numba.kernels._family import INT, ptr  # noqa: E402
 from moe_numba.kernels.combine import CombineKey  # noqa: E402

@@ -3,7 +3,7 @@
 import pytest
 
 from _torch_cases import CUDA
-from moe_numba.bench import _memory as _memory_bench
+from benchmarks import memory as _memory_bench
 
 KIB = 1024
 
@@ -31,7 +31,8 @@ def test_the_forward_keeps_what_the_backward_needs_and_no_more(device, weighted)
     assert figures["step_peak_bytes"] >= figures["forward_held_bytes"]
 
 
-def test_main_writes_the_figures(tmp_path, monkeypatch):
+@pytest.mark.parametrize("device", [CUDA])
+def test_main_writes_the_figures(tmp_path, monkeypatch, device):
     calls = []
     monkeypatch.setattr(_memory_bench, "report", lambda *args: calls.append(args) or {"a": 1})
     path = tmp_path / "memory.json"

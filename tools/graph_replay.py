@@ -10,7 +10,7 @@ the GPU time per step of the two calls launched eagerly (``tokens_per_expert`` g
 calls replaying their recording as a user's do) and of one graph that captured them (the
 permute with ``override_buffer_size`` at the padded row count of the same counts: a graph
 cannot take new counts from the host), each the median of 7 batches of 50 enqueued behind a
-held stream (``python -m moe_numba bench``'s timer), and whether the graph's outputs equal
+held stream (``python -m benchmarks bench``'s timer), and whether the graph's outputs equal
 the eager calls' bit for bit.
 """
 
@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
 import moe_numba
-from moe_numba.bench._timers import CudaTimer
+
+# benchmarks/ is no installed package: this checkout's, appended after any installed moe_numba
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from benchmarks.timers import CudaTimer  # noqa: E402
 
 DEVICE = torch.device("cuda", 0)
 H, K, E = 7168, 8, 64

@@ -19,12 +19,18 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 import moe_numba
+
+# benchmarks/ is no installed package: this checkout's, appended after any installed moe_numba
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from benchmarks.hold import HOLD  # noqa: E402
 
 DEVICE = torch.device("cuda", 0)
 H, K, E = 7168, 8, 64
@@ -119,7 +125,6 @@ def pieces(A, x, routes, probs, counts):
     from moe_numba._dispatch import call_key
     from moe_numba._ops import PERMUTE
     from moe_numba._outputs import permute_outputs
-    from moe_numba.bench._hold import HOLD
     from moe_numba.kernels._family import NoKey
     from moe_numba.runtime import _launch
 

@@ -6,7 +6,7 @@ Run on a machine with a GPU and torch::
     python tools/split_rows.py [SWEEP ...]   # SWEEP: parts, combine, one-block
 
 bf16, H = 7168, K = 8, E = 64, ``validate=False``; µs per call of 50 back-to-back calls behind
-a held stream (CUDA events, the median of 5 batches: ``python -m moe_numba bench``'s timer).
+a held stream (CUDA events, the median of 5 batches: ``python -m benchmarks bench``'s timer).
 Each setting's outputs are compared bit for bit with the first setting's ("DIFF" marks a
 mismatch). The settings are module constants of the kernels' host side, set here and
 restored after. Each setting starts with no launch plans
@@ -19,6 +19,7 @@ enqueued a batch: it then holds host time.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
@@ -27,6 +28,9 @@ from moe_numba.kernels import permute as PM
 from moe_numba.kernels import unpermute as UP
 from moe_numba.torch import _replay
 
+# benchmarks/ is no installed package: this checkout's, appended after any installed moe_numba
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+
 DEVICE = torch.device("cuda", 0)
 H, K, E = 7168, 8, 64
 
@@ -34,9 +38,9 @@ H, K, E = 7168, 8, 64
 def gpu_us(fn, n=50, rounds=5):
     """``(µs, held)``: the GPU time per call of ``fn``, the median of ``rounds`` batches of
     ``n`` calls enqueued behind a held stream (the bench's timer,
-    :class:`moe_numba.bench._timers.CudaTimer`), and whether every batch was enqueued
+    ``benchmarks/timers.py``), and whether every batch was enqueued
     before the hold gave up (else the figure holds host time)."""
-    from moe_numba.bench._timers import CudaTimer
+    from benchmarks.timers import CudaTimer
 
     timer = CudaTimer(rounds, batch=n)
     for _ in range(3):

@@ -3,13 +3,13 @@
 Run it with one process per rank (CPUs: gloo; one GPU per process: NCCL)::
 
     torchrun --nproc-per-node 2 docs/examples/expert_parallel.py
-    torchrun --nproc-per-node 2 docs/examples/expert_parallel.py --bench   # + the time split
     python docs/examples/expert_parallel.py    # starts 2 processes on this machine itself
 
 Every rank routes its own tokens over E experts; rank p owns experts [p E/P, (p+1) E/P). The
 layer sends the rows to their experts' ranks, runs a grouped GEMM there, brings the results
 back and combines them. The script checks the output and every gradient against one process
-that runs the whole batch with all the experts, and prints the comparison.
+that runs the whole batch with all the experts, and prints the comparison. (Where the
+layer's time goes, stage by stage: ``python -m benchmarks distributed`` in a checkout.)
 """
 
 import os
@@ -39,7 +39,7 @@ def skip_reason():
     return None
 
 
-def run(bench=False):
+def run():
     """This rank of the example: join the group, run the layer and the check."""
     import torch
     import torch.distributed as dist
@@ -60,13 +60,13 @@ def run(bench=False):
         torch.set_num_threads(threads)
     dist.init_process_group("nccl" if on_gpu else "gloo")
     try:
-        compare(rank, ranks, device, on_gpu, bench)
+        compare(rank, ranks, device, on_gpu)
         dist.barrier()
     finally:  # (a gloo process that exits without this aborts, hiding the traceback)
         dist.destroy_process_group()
 
 
-def compare(rank, ranks, device, on_gpu, bench):
+def compare(rank, ranks, device, on_gpu):
     """The layer on this rank's tokens against one process on all of them."""
     import torch
     import torch.distributed as dist
@@ -150,28 +150,11 @@ def compare(rank, ranks, device, on_gpu, bench):
     # another order
     assert worst[0] <= 0.05 and worst[2] <= 0.05 and worst[4] <= 0.05 and worst[6] <= 0.5
 
-    if bench:
-        from moe_numba.bench._distributed import format_split, run_bench
-
-        split = run_bench(
-            tokens=4096,
-            hidden=1024,
-            experts=num_experts,
-            topk=4,
-            alignment=1,
-            dtype=torch.bfloat16,
-            steps=5,
-            warmup=2,
-        )
-        if rank == 0:
-            print(format_split(split, "time per stage (slowest rank, mean of 5 steps):"))
-
 
 def main():
     """Under torchrun: run this rank. Otherwise: start RANKS local processes running it."""
-    bench = "--bench" in sys.argv[1:]
     if "RANK" in os.environ:
-        run(bench)
+        run()
         # gloo's worker threads can abort the process while the interpreter shuts down
         # ("terminate called without an active exception"), after the group was destroyed
         # and every result printed: end here instead, with the status of a clean exit
@@ -192,8 +175,7 @@ def main():
             WORLD_SIZE=str(RANKS),
             LOCAL_WORLD_SIZE=str(RANKS),
         )
-        arguments = ["--bench"] if bench else []
-        processes.append(subprocess.Popen([sys.executable, __file__, *arguments], env=env))
+        processes.append(subprocess.Popen([sys.executable, __file__], env=env))
     try:
         codes = [p.wait(timeout=300) for p in processes]
     finally:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, int32, int64
 
-from ..kernels._family import INT, KernelFamily, NoKey, ptr
-from ..kernels._intrinsics import pause, read_volatile
-from ..runtime._launch import Launcher
+from moe_numba.kernels._family import INT, KernelFamily, NoKey, ptr
+from moe_numba.kernels._intrinsics import pause, read_volatile
+from moe_numba.runtime._launch import Launcher
 
 
 def _hold_params(key):

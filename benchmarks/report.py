@@ -1,10 +1,10 @@
-"""The printed table of a run, and its comparison with an earlier run's JSON."""
+"""The printed table of a run (``python -m benchmarks compare`` compares two runs' records)."""
 
 from __future__ import annotations
 
 import sys
 
-from ._results import MODE_TITLES
+from .records import MODE_TITLES
 
 _OP = 44  # width of the operation column (indented under its case)
 
@@ -64,39 +64,10 @@ def print_table(results, out=None, header=True):
             continue
         gbps = r.copy_gbps if is_copy else r.gbps
         percent = 100.0 if is_copy else r.percent
-        line = f"  {name:<{_OP - 2}} {figures[modes[0]]:10.1f} {gbps:8.1f} {percent:6.1f}%"
-        line += "".join(f" {figures[m]:{w}.1f}" for m, w in zip(modes[1:], widths[1:], strict=True))
+        line = f"  {name:<{_OP - 2}} {figures[modes[0]].median:10.1f} {gbps:8.1f} {percent:6.1f}%"
+        line += "".join(
+            f" {figures[m].median:{w}.1f}" for m, w in zip(modes[1:], widths[1:], strict=True)
+        )
         if numpy and not is_copy and r.numpy_us:
-            line += f" {r.numpy_us / r.us[modes[0]]:8.1f}x"
+            line += f" {r.numpy_us.median / r.us[modes[0]].median:8.1f}x"
         print(line, file=out)
-
-
-def print_comparison(results, previous, path, out=None):
-    """Print, per result of this run that ``previous`` (a list of results) also has, the
-    ratio old time / new time in every mode both measured (> 1: faster now), for the copy
-    as well (how much the machine itself moved)."""
-    out = out or sys.stdout
-    old = {r.key(): r for r in previous}
-    print(f"\ncompared with {path}: old time / new time (> 1: faster now)", file=out)
-    missing = 0
-    for case, name, figures, r, is_copy in _rows(results):
-        if case is not None:
-            print(case.label(), file=out)
-            continue
-        before = old.get(r.key())
-        if before is None:
-            missing += not is_copy
-            print(f"  {name:<{_OP - 2}} (not in {path})", file=out)
-            continue
-        before_figures = before.copy_us if is_copy else before.us
-        cells = [
-            f"{MODE_TITLES[m]} {before_figures[m] / figures[m]:5.2f}x "
-            f"({before_figures[m]:.1f} -> {figures[m]:.1f} us)"
-            for m in figures
-            if m in before_figures
-        ]
-        if not cells:
-            cells = [f"(measured in other modes there: {', '.join(before_figures)})"]
-        print(f"  {name:<{_OP - 2}} " + "  ".join(cells), file=out)
-    if missing:
-        print(f"{missing} result(s) of this run are not in {path}", file=out)

@@ -1,16 +1,17 @@
-"""Timers: medians, after warm-up, of a call's time in each mode of :mod:`._results`."""
+"""Timers: a call's time in each mode of :mod:`.records`, after warm-up, as the min, median
+and max of the timed samples (:class:`.records.Figure`)."""
 
 from __future__ import annotations
 
 import statistics
 import time
 
-from ._results import CPU_MODES, CUDA_MODES
+from .records import CPU_MODES, CUDA_MODES, Figure
 
 
 def _hold():
     """A new stream hold: the one place that imports the bench's holding kernel."""
-    from ._hold import Hold
+    from .hold import Hold
 
     return Hold()
 
@@ -33,8 +34,8 @@ class WallTimer:
         self.warmup = warmup
 
     def time(self, fn, synchronizes=False):
-        """``{"wall": median microseconds per call of fn()}`` (``synchronizes`` is unused:
-        every CPU call is synchronous)."""
+        """``{"wall": microseconds per call of fn()}``, a :class:`.records.Figure`
+        (``synchronizes`` is unused: every CPU call is synchronous)."""
         for _ in range(self.warmup):
             fn()
         samples = []
@@ -42,7 +43,7 @@ class WallTimer:
             start = time.perf_counter()
             fn()
             samples.append(time.perf_counter() - start)
-        return {"wall": statistics.median(samples) * 1e6}
+        return {"wall": Figure.of(samples, 1e6)}
 
 
 class CudaTimer:
@@ -63,7 +64,7 @@ class CudaTimer:
         default.
     hold : object, optional
         A stream hold with ``start()``, ``release()``, ``finished()`` and ``timed_out``
-        (:class:`moe_numba.bench._hold.Hold` by default).
+        (:class:`benchmarks.hold.Hold` by default).
     """
 
     modes = CUDA_MODES
@@ -83,7 +84,7 @@ class CudaTimer:
         return self.hold.timed_out
 
     def time(self, fn, synchronizes=False):
-        """Median microseconds per call of ``fn()`` in every mode, as a dict.
+        """Microseconds per call of ``fn()`` in every mode, a :class:`.records.Figure` each.
 
         ``synchronizes``: the call waits for the GPU itself (``validate=True``), so it
         cannot be enqueued behind a held stream (see :meth:`gpu_us`).
@@ -91,14 +92,31 @@ class CudaTimer:
         for _ in range(self.warmup):
             fn()
         return {
-            "gpu": self.gpu_us(fn, synchronizes),
-            "one_call": self.one_call_us(fn),
-            "host": self.host_us(fn),
-            "host_busy": self.host_busy_us(fn, synchronizes),
+            "gpu": Figure.of(self.gpu_samples(fn, synchronizes)),
+            "one_call": Figure.of(self.one_call_samples(fn)),
+            "host": Figure.of(self.host_samples(fn)),
+            "host_busy": Figure.of(self.host_busy_samples(fn, synchronizes)),
         }
 
     def gpu_us(self, fn, synchronizes=False):
-        """GPU time per call: events around ``batch`` back-to-back calls, divided by it.
+        """The median of :meth:`gpu_samples`."""
+        return statistics.median(self.gpu_samples(fn, synchronizes))
+
+    def one_call_us(self, fn):
+        """The median of :meth:`one_call_samples`."""
+        return statistics.median(self.one_call_samples(fn))
+
+    def host_us(self, fn):
+        """The median of :meth:`host_samples`."""
+        return statistics.median(self.host_samples(fn))
+
+    def host_busy_us(self, fn, synchronizes=False):
+        """The median of :meth:`host_busy_samples`."""
+        return statistics.median(self.host_busy_samples(fn, synchronizes))
+
+    def gpu_samples(self, fn, synchronizes=False):
+        """GPU time per call, microseconds, per batch: events around ``batch`` back-to-back
+        calls, divided by it; ``repeat`` batches.
 
         The batch is enqueued behind a kernel that holds the stream until the host has
         enqueued all of it, so the events time the GPU's work, not the host's time to
@@ -125,10 +143,11 @@ class CudaTimer:
             if not synchronizes:
                 self.hold.finished()
             samples.append(start.elapsed_time(stop) * 1e3 / self.batch)
-        return statistics.median(samples)
+        return samples
 
-    def one_call_us(self, fn):
-        """Latency of one call right after a host sync: event, call, event, sync."""
+    def one_call_samples(self, fn):
+        """Latency of one call right after a host sync (event, call, event, sync),
+        microseconds, ``repeat * batch`` times."""
         cuda = self.cuda
         samples = []
         for _ in range(self.repeat * self.batch):
@@ -139,23 +158,25 @@ class CudaTimer:
             stop.record()
             stop.synchronize()
             samples.append(start.elapsed_time(stop) * 1e3)
-        return statistics.median(samples)
+        return samples
 
-    def host_us(self, fn):
-        """Host time for one call to return, the GPU idle when it starts."""
+    def host_samples(self, fn):
+        """Host time for one call to return, the GPU idle when it starts, microseconds,
+        ``repeat * batch`` times."""
         samples = []
         for _ in range(self.repeat * self.batch):
             self.cuda.synchronize()
             start = time.perf_counter()
             fn()
-            samples.append(time.perf_counter() - start)
+            samples.append((time.perf_counter() - start) * 1e6)
         self.cuda.synchronize()
-        return statistics.median(samples) * 1e6
+        return samples
 
-    def host_busy_us(self, fn, synchronizes=False):
-        """Host time per call with the GPU busy: ``batch`` back-to-back calls enqueued behind
-        a held stream, their host time divided by it (a training step's calls find the GPU
-        working on what came before them).
+    def host_busy_samples(self, fn, synchronizes=False):
+        """Host time per call with the GPU busy, microseconds, per batch: ``batch``
+        back-to-back calls enqueued behind a held stream, their host time divided by it (a
+        training step's calls find the GPU working on what came before them); ``repeat``
+        batches.
 
         A call that synchronizes would wait for the held stream, so its batch runs without
         the hold: each call then finds the previous call's copies still running.
@@ -167,10 +188,10 @@ class CudaTimer:
             start = time.perf_counter()
             for _ in range(self.batch):
                 fn()
-            samples.append((time.perf_counter() - start) / self.batch)
+            samples.append((time.perf_counter() - start) * 1e6 / self.batch)
             if not synchronizes:
                 self.hold.release()
             self.cuda.synchronize()
             if not synchronizes:
                 self.hold.finished()
-        return statistics.median(samples) * 1e6
+        return samples

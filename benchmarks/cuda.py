@@ -1,17 +1,17 @@
 """The bench on a GPU: each operation with and without validation, in the three modes of
-:class:`._timers.CudaTimer`, against a device copy of the same bytes."""
+:class:`.timers.CudaTimer`, against a device copy of the same bytes."""
 
 from __future__ import annotations
 
 import sys
 
-from ._workload import operations, time_operations
+from .workload import operations, time_operations
 
 
 def bench_case(case, target, timer):
     """Results of the permute and the weighted unpermute of ``case`` on ``target`` (a
-    :class:`._target.CudaTarget`), each with ``validate=True`` and ``validate=False``, timed
-    by ``timer`` (a :class:`._timers.CudaTimer`).
+    :class:`.target.CudaTarget`), each with ``validate=True`` and ``validate=False``, timed
+    by ``timer`` (a :class:`.timers.CudaTimer`).
 
     A warning goes to stderr when a batch outlasted the stream hold (its GPU time then
     includes host time).

@@ -14,7 +14,7 @@ the same bytes: it reads half of them and writes the other half.
 
 from __future__ import annotations
 
-from .._capacities import padded_rows
+from moe_numba._capacities import padded_rows
 
 __all__ = ["padded_rows", "permute_bytes", "unpermute_bytes"]
 

@@ -1,5 +1,5 @@
-"""``python -m moe_numba bench --peers --gradients``: the gradient ops and a training step
-beside Transformer Engine's Triton kernels (:mod:`._peers` loads them), per bf16 case:
+"""``python -m benchmarks bench --peers --gradients``: the gradient ops and a training step
+beside Transformer Engine's Triton kernels (:mod:`.peers` loads them), per bf16 case:
 
 - ``permute backward``: :func:`~moe_numba.moe_permute_backward` (row and probability
   gradients) against TE's ``unpermute_with_mask_map`` of the gradients, which is what TE's
@@ -13,15 +13,16 @@ beside Transformer Engine's Triton kernels (:mod:`._peers` loads them), per bf16
   hold, for both.
 
 Before timing, the gradients are compared: bit for bit where both add in the same order,
-else within about a bfloat16 step (:func:`._peers.check_close`).
+else within about a bfloat16 step (:func:`.peers.check_close`).
 """
 
 from __future__ import annotations
 
-from .. import moe_permute, moe_permute_backward, moe_unpermute, moe_unpermute_backward
-from ._bytes import permute_backward_bytes, step_bytes, unpermute_backward_bytes
-from ._peers import OURS, TE, TeInputs, check_close, check_rows, op_name
-from ._workload import Operation, time_operations
+from moe_numba import moe_permute, moe_permute_backward, moe_unpermute, moe_unpermute_backward
+
+from .bytes import permute_backward_bytes, step_bytes, unpermute_backward_bytes
+from .peers import OURS, TE, TeInputs, check_close, check_rows, op_name
+from .workload import Operation, time_operations
 
 
 def _same(torch, got, want):
@@ -55,7 +56,7 @@ def peak_bytes(torch, call):
 
 def bench_gradients(torch, te, inputs, ours, target, timer, note):
     """Results of the three gradient comparisons of one case (``inputs`` and ``ours``, the
-    case's inputs and moe-numba's permute of them, as :class:`._peers.PeerBench` made them),
+    case's inputs and moe-numba's permute of them, as :class:`.peers.PeerBench` made them),
     timed by ``timer`` beside a copy of their bytes; ``note(case, line)`` takes the checks
     and the peak memory."""
     c = inputs.case

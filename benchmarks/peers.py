@@ -1,4 +1,4 @@
-"""``python -m moe_numba bench --peers``: moe-numba beside the permute and unpermute ops that
+"""``python -m benchmarks bench --peers``: moe-numba beside the permute and unpermute ops that
 NVIDIA Transformer Engine and vLLM publish, on the same inputs on one GPU.
 
 The peers' code is downloaded from their published wheels when a run asks for it (``pip
@@ -13,8 +13,8 @@ download`` into a cache folder outside any checkout; :func:`fetch`), never insta
 
 Before timing, each peer's outputs are checked against moe-numba's (:func:`check_rows`,
 :func:`check_close`); then every operation is timed by the bench's own timer, beside a
-device copy of the bytes it moves (:mod:`._bytes`), and printed like any bench result. The
-gradient ops and a training step beside TE's are in :mod:`._peer_gradients`.
+device copy of the bytes it moves (:mod:`.bytes`), and printed like any bench result. The
+gradient ops and a training step beside TE's are in :mod:`.peer_gradients`.
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ import types
 import zipfile
 from dataclasses import dataclass, field
 
-from .. import moe_permute, moe_unpermute
-from ._bytes import dense_permute_bytes, permute_bytes, unpermute_bytes
-from ._cases import Case, make_inputs
-from ._cuda import warn_hold_timeouts
-from ._workload import Operation, time_operations
+from moe_numba import moe_permute, moe_unpermute
+
+from .bytes import dense_permute_bytes, permute_bytes, unpermute_bytes
+from .cases import Case, make_inputs
+from .cuda import warn_hold_timeouts
+from .options import torch_cuda_problem
+from .workload import Operation, time_operations
 
 # The peers' published versions this bench was written against, and what is taken from them.
 TE_SPEC = "transformer_engine==2.20.2"
@@ -71,8 +73,9 @@ def default_cache():
 
 
 def source_checkout():
-    """The moe-numba source checkout this package runs from, or None (an installed wheel)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    """The moe-numba source checkout these benchmarks run from, or None (a copy of the
+    ``benchmarks`` folder outside a checkout)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     markers = ("pyproject.toml", ".git")
     return root if all(os.path.exists(os.path.join(root, m)) for m in markers) else None
 
@@ -330,7 +333,7 @@ class PeerBench:
         ``{peer: ops, or why they did not load}`` (:func:`load`).
     gradients : callable, optional
         The gradients' bench beside Transformer Engine's
-        (:func:`._peer_gradients.bench_gradients`, which builds on this module), or None.
+        (:func:`.peer_gradients.bench_gradients`, which builds on this module), or None.
     """
 
     peers: dict
@@ -599,23 +602,12 @@ def peer_target(parser, args):
     problem = cache_problem(args.peers_cache or default_cache())
     if problem:
         parser.error(f"argument --peers-cache: {problem}")
-    why = _no_torch_gpu()
+    why = torch_cuda_problem()
     if why:
         parser.error(f"argument --peers: needs torch with a CUDA GPU; {why}")
-    from ._target import CudaTarget
+    from .target import CudaTarget
 
     return CudaTarget("torch")
-
-
-def _no_torch_gpu():
-    """Why torch cannot run the peers here, or "" when it can."""
-    if importlib.util.find_spec("torch") is None:
-        return "torch is not installed: pip install 'moe-numba[gpu,torch]'"
-    import torch
-
-    if not torch.cuda.is_available():
-        return f"torch {torch.__version__} sees no CUDA GPU"
-    return ""
 
 
 def prepare(parser, args):

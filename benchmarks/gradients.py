@@ -2,10 +2,10 @@
 
 ::
 
-    python -m moe_numba.bench._gradients [--tokens 16384] [--hidden 7168] [--experts 64]
-        [--topk 8] [--alignment 128] [--dtype bf16] [--repeat 15] [--check] [--json PATH]
+    python -m benchmarks gradients [--tokens 16384] [--hidden 7168] [--experts 64]
+        [--topk 8] [--alignment 128] [--dtype bf16] [--repeat 15] [--check] [--json FILE]
 
-prints the bench's table (:func:`._report.print_table`: GPU time per call with the host
+prints the bench's table (:func:`.report.print_table`: GPU time per call with the host
 running ahead, one call's latency after a host sync, host time per call, GB/s and % of the
 copy) for, each with ``validate=True`` and ``validate=False``:
 
@@ -16,9 +16,10 @@ copy) for, each with ``validate=True`` and ``validate=False``:
   too: they are zeroed);
 - ``unpermute_backward``: unweighted; reads dY, writes dXu.
 
-Index and probability traffic is not counted (as in :mod:`._bytes`). The inputs come from a
+Index and probability traffic is not counted (as in :mod:`.bytes`). The inputs come from a
 forward ``moe_permute`` of the case's rows on the GPU, so the row map is the real layout.
-``--check`` first compares every output with the CPU backend's, bit for bit.
+``--check`` first compares every output with the CPU backend's, bit for bit. The run's
+record goes to ``--json FILE`` or under ``benchmarks/results/<card>/``.
 """
 
 from __future__ import annotations
@@ -28,13 +29,17 @@ import sys
 
 import numpy as np
 
-from .. import moe_permute, moe_permute_backward, moe_unpermute_backward
-from . import _results
-from ._bytes import padded_rows
-from ._cases import DTYPES, Case, defaults, make_inputs
-from ._report import print_table
-from ._target import choose
-from ._workload import Operation, time_operations
+from moe_numba import moe_permute, moe_permute_backward, moe_unpermute_backward
+from moe_numba.__main__ import check_fits, check_topk
+
+from . import environment, records
+from .bytes import padded_rows
+from .cases import DTYPES, Case, defaults, make_inputs
+from .footprint import gradients_need
+from .options import check_writable, number, record_option
+from .report import print_table
+from .target import NoGPUError, choose
+from .workload import Operation, time_operations
 
 
 def _name(op, validate):
@@ -89,7 +94,7 @@ def _forward(case, inputs, target):
 
 
 def operations(case, target, validates=(True, False)):
-    """The gradient calls of ``case`` on ``target`` as timed :class:`._workload.Operation`
+    """The gradient calls of ``case`` on ``target`` as timed :class:`.workload.Operation`
     (inputs uploaded once), once per value in ``validates``."""
     ops = []
     for name, (op, nbytes, arrays, flags) in gradient_calls(case, target).items():
@@ -118,31 +123,59 @@ def check(case, target):
         print(f"check: {name}: every output equals the CPU backend's", file=sys.stderr)
 
 
-def main(argv=None):
-    """The command line of the module docstring; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m moe_numba.bench._gradients")
+def parser():
+    """The command line of the module docstring."""
+    command = argparse.ArgumentParser(
+        prog="python -m benchmarks gradients",
+        description="Time the gradient ops (with and without validation) against a copy of "
+        "the same bytes, on a CUDA GPU.",
+    )
     for name, value in defaults("cuda").items():
-        kind = str if name == "dtype" else int
-        choices = [d for d in DTYPES if d != "fp8"] if name == "dtype" else None
-        parser.add_argument(f"--{name}", type=kind, default=value, choices=choices)
-    parser.add_argument("--repeat", type=int, default=15)
-    parser.add_argument("--check", action="store_true", help="compare with the CPU first")
-    parser.add_argument("--json", help="save the results there")
-    args = parser.parse_args(argv)
+        if name != "dtype":
+            number(command, name, default=value)
+    command.add_argument(
+        "--dtype",
+        choices=[d for d in DTYPES if d != "fp8"],
+        default="bf16",
+        help="row dtype (the gradients of float8 rows are not computed)",
+    )
+    number(command, "repeat", default=15)
+    command.add_argument("--check", action="store_true", help="compare with the CPU first")
+    record_option(command)
+    return command
+
+
+def settings(command, args, choose=choose):
+    """``(case, target)``, every option checked (``command.error``, exit status 2, before
+    any work); ``choose(backend)`` finds the GPU (:func:`.target.choose`)."""
+    check_topk(command, args.topk, args.experts)
+    if args.json:
+        check_writable(command, "--json", args.json)
     names = ("tokens", "hidden", "experts", "topk", "alignment", "dtype")
     case = Case(**{n: getattr(args, n) for n in names})
-    target = choose("cuda")
+    try:
+        target = choose("cuda")
+    except NoGPUError as e:
+        command.error(f"needs a CUDA GPU: {e}")
+    check_fits(command, target.device, [(gradients_need(case), case.label())])
+    return case, target
+
+
+def main(argv=None):
+    """Check the options, time the gradient ops, write the record; returns the exit
+    status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = parser()
+    args = command.parse_args(argv)
+    case, target = settings(command, args)
     if args.check:
         check(case, target)
-    from ._timers import CudaTimer
+    from .timers import CudaTimer
 
     results = time_operations(case, operations(case, target), target, CudaTimer(args.repeat))
     print(f"{target.description}; {case.label()}")
     print_table(results)
-    if args.json:
-        _results.save(args.json, target.description, results)
+    header = environment.header("gradients", "cuda", ["gradients", *argv], target.description)
+    path = records.write(header, [r.record() for r in results], args.json)
+    print(f"record: {path}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

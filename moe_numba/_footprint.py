@@ -1,5 +1,6 @@
-"""The memory a bench or demo shape needs, and the memory there is: the command line refuses a
-shape that cannot fit before it allocates anything (``python -m moe_numba``'s checks).
+"""The memory a demo shape needs, and the memory there is: the command line refuses a shape
+that cannot fit before it allocates anything (``python -m moe_numba``'s checks; the
+benchmarks of the repository estimate their shapes with the same pieces).
 
 The estimate is the sum of the arrays that are alive together at the run's peak, the
 transient ones of the input generation included (the scores and their sort indices of every
@@ -22,33 +23,10 @@ class Need(NamedTuple):
     device: int
 
 
-def _permute_outputs(tokens, rows, hidden, itemsize, experts, scale_width=0):
+def permute_output_bytes(tokens, rows, hidden, itemsize, experts, scale_width=0):
     """Bytes of one permute's outputs: the rows (and their scales), the int32 row map
     ``[T, E]`` and the float32 row probabilities."""
     return rows * (hidden * itemsize + scale_width * 4) + tokens * experts * 4 + rows * 4
-
-
-def bench_need(case, device):
-    """The :class:`Need` of timing ``case`` (a :class:`._cases.Case`) on ``device``."""
-    t, h, e, k, i, s = (
-        case.tokens,
-        case.hidden,
-        case.experts,
-        case.topk,
-        case.itemsize,
-        case.scale_width,
-    )
-    rows = t * k + e * (case.alignment - 1)
-    inputs = t * (h * i + s * 4 + k * 8)  # rows (+ scales), routemap, probabilities
-    generating = t * e * 12 + t * h * 4  # float32 scores, their int64 partition; float32 rows
-    # one permute kept for the unpermute and the timed call's own; the unpermute's output
-    outputs = 2 * _permute_outputs(t, rows, h, i, e, s) + t * (h * i + k * 4)
-    copies = (t + rows) * (h * i + s * 4) + (t * k + t) * h * i  # the rooflines' buffers
-    if device == "cuda":
-        return Need(inputs + generating, inputs + outputs + copies)
-    # the NumPy baseline: its own inputs, its permute, the float32 combine and a gather
-    baseline = inputs + _permute_outputs(t, rows, h, i, e) + 2 * t * h * 4
-    return Need(inputs + outputs + copies + max(generating, baseline), 0)
 
 
 def demo_need(tokens, hidden, experts, topk, device):
@@ -58,8 +36,8 @@ def demo_need(tokens, hidden, experts, topk, device):
     rows = t * k + e * 15
     inputs = t * (h * 2 + k * 8)
     generating = t * e * 16 + t * h * 8  # float64 scores and int64 argsort; float64 rows
-    outputs = 2 * (_permute_outputs(t, rows, h, 2, e) + t * (h * 2 + k * 4))
-    oracle = _permute_outputs(t, rows, h, 2, e) + t * h * 4 + t * (h * 2 + k * 4)
+    outputs = 2 * (permute_output_bytes(t, rows, h, 2, e) + t * (h * 2 + k * 4))
+    oracle = permute_output_bytes(t, rows, h, 2, e) + t * h * 4 + t * (h * 2 + k * 4)
     if device == "cuda":
         fetched = outputs // 2  # the outputs copied back to the host for the comparison
         return Need(inputs + max(generating, fetched + oracle), inputs + outputs)
@@ -95,10 +73,19 @@ def device_available():
         return None
 
 
-def refusal(need, device, label):
+MEASURED = object()  # refusal's default: the figure of this machine, read when it is asked
+
+
+def refusal(need, device, label, host=MEASURED, free=MEASURED):
     """Why ``need`` (of the run described by ``label``) cannot fit, or None if it can (or if
-    there is no figure to compare with)."""
-    host = host_available()
+    there is no figure to compare with).
+
+    ``host`` is ``(bytes, where the figure comes from)`` or None (no figure), ``free`` the
+    GPU's free bytes or None; by default both are read here (:func:`host_available`,
+    :func:`device_available`, the latter only for a ``"cuda"`` run).
+    """
+    if host is MEASURED:
+        host = host_available()
     if host is not None and need.host > host[0]:
         return (
             f"{label} needs about {need.host / _GiB:.1f} GiB of host memory ({need.host} bytes, "
@@ -106,7 +93,8 @@ def refusal(need, device, label):
             "choose a smaller shape"
         )
     if device == "cuda" and need.device:
-        free = device_available()
+        if free is MEASURED:
+            free = device_available()
         if free is not None and need.device > free:
             return (
                 f"{label} needs about {need.device / _GiB:.1f} GiB of GPU memory "

@@ -1,19 +1,14 @@
-"""Where the bench and the demo run: the CPU with NumPy arrays, or a GPU with the arrays of
-one library (torch, else CuPy, else numba).
+"""Where the demo runs: the CPU with NumPy arrays, or a GPU with the arrays of one library
+(torch, else CuPy, else numba).
 
-Every choice that depends on the array library is made in this module, nowhere else in the
-bench or the demo: finding a usable library, moving NumPy arrays there and back, waiting
-for the GPU and the copy that serves as the roofline.
+Every choice that depends on the array library is made here: finding a usable library,
+moving NumPy arrays there and back, waiting for the GPU. The benchmarks of the repository
+(``benchmarks/target.py``) add the copy that serves as their roofline.
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-
-def _half(nbytes):
-    """Bytes a copy reads (and writes) to move ``nbytes`` in all."""
-    return -(-nbytes // 2)
 
 
 class NoGPUError(LookupError):
@@ -48,16 +43,6 @@ class CpuTarget:
     def synchronize():
         """Nothing to wait for: CPU calls return when they are done."""
 
-    @staticmethod
-    def copier(nbytes):
-        """A call that moves ``nbytes`` bytes (reads half of them, writes the other half)
-        with moe_cpu's parallel copy: the CPU roofline."""
-        from moe_cpu._parallel import copy_rows
-
-        source = np.ones(_half(nbytes), np.uint8)
-        target = np.empty_like(source)
-        return lambda: copy_rows(source, target)
-
 
 class CudaTarget:
     """CUDA arrays of one library on the current GPU.
@@ -76,14 +61,14 @@ class CudaTarget:
 
     def upload(self, x):
         """A copy of NumPy array ``x`` on the GPU (None stays None)."""
-        from .._transfer import to_device
+        from ._transfer import to_device
 
         return None if x is None else to_device(x, self.library)
 
     @staticmethod
     def to_host(x):
         """A NumPy copy of GPU array ``x``."""
-        from .._transfer import to_host
+        from ._transfer import to_host
 
         return to_host(x)
 
@@ -93,21 +78,6 @@ class CudaTarget:
         from numba import cuda
 
         cuda.synchronize()
-
-    def copier(self, nbytes):
-        """A call that moves ``nbytes`` bytes (reads half of them from one GPU array, writes
-        the other half to another) on the library's current stream: the GPU roofline."""
-        source = self.upload(np.ones(_half(nbytes), np.uint8))
-        if self.library == "torch":
-            target = source.clone()
-            return lambda: target.copy_(source)
-        if self.library == "cupy":
-            import cupy
-
-            target = cupy.empty_like(source)
-            return lambda: cupy.copyto(target, source)
-        target = self.upload(np.empty(_half(nbytes), np.uint8))
-        return lambda: target.copy_to_device(source)
 
 
 def choose(backend):
@@ -119,7 +89,7 @@ def choose(backend):
         If ``backend`` is ``"cuda"`` and no library sees a usable GPU.
     """
     if backend != "cpu":
-        from .._transfer import gpu_library
+        from ._transfer import gpu_library
 
         library = gpu_library()
         if library is not None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .. import moe_permute, moe_unpermute
-from ._bytes import permute_bytes, unpermute_bytes
-from ._cases import make_inputs
-from ._results import Result
+from moe_numba import moe_permute, moe_unpermute
+
+from .bytes import permute_bytes, unpermute_bytes
+from .cases import make_inputs
+from .records import Result
 
 
 class Operation(NamedTuple):
@@ -29,7 +30,7 @@ def operations(case, target, validates=(True,)):
     """The permute and (for 16- and 32-bit rows) the weighted unpermute of ``case`` on
     ``target``, once per value in ``validates``.
 
-    The inputs are made once (:func:`._cases.make_inputs`) and uploaded; the unpermute
+    The inputs are made once (:func:`.cases.make_inputs`) and uploaded; the unpermute
     combines the rows of one permute call.
     """
     inputs = make_inputs(case)
@@ -66,7 +67,7 @@ def operations(case, target, validates=(True,)):
 
 
 def time_operations(case, ops, target, timer, copies=None):
-    """A :class:`._results.Result` per operation: ``timer``'s figures of the call and of a
+    """A :class:`.records.Result` per operation: ``timer``'s figures of the call and of a
     copy of the same bytes on ``target``, timed once per byte count, right before the first
     operation that moves them.
 

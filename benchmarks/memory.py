@@ -1,10 +1,13 @@
 """Peak GPU memory of one forward + backward step of the training page's MoE layer.
 
 The layer without the experts' GEMMs: permute -> each row times its probability (the
-"expert", as in docs/examples/moe_layer.py) -> unweighted unpermute; or, with ``--weighted``,
-permute -> unpermute with the weighted combine. Run on a CUDA GPU::
+"expert", as in docs/examples/moe_layer.py) -> unweighted unpermute; then permute ->
+unpermute with the weighted combine. Run on a CUDA GPU::
 
-    python -m moe_numba.bench._memory --json memory.json
+    python -m benchmarks memory [--json FILE]
+
+The run's record (sizes in bytes) goes to ``--json FILE`` or under
+``benchmarks/results/<card>/``.
 
 :func:`measure` takes any step function, so a benchmark can time a peer's layer (Transformer
 Engine's, say) on the same inputs and compare the figures.
@@ -14,10 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 
-from .. import moe_permute, moe_unpermute
+from moe_numba import moe_permute, moe_unpermute
+from moe_numba.__main__ import check_fits, check_topk
+
+from . import environment, records
+from .footprint import memory_need
+from .options import check_writable, number, record_option, torch_cuda_problem
+from .records import Figure
 
 
 def measure(step, *args):
@@ -121,25 +131,61 @@ def report(num_tokens, hidden, topk, num_experts, alignment, weighted=False):
     }
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=16384)
-    parser.add_argument("--hidden", type=int, default=7168)
-    parser.add_argument("--topk", type=int, default=8)
-    parser.add_argument("--experts", type=int, default=64)
-    parser.add_argument("--alignment", type=int, default=128)
-    parser.add_argument("--json", help="also write the figures to this file")
-    args = parser.parse_args(argv)
-    results = [
-        report(args.tokens, args.hidden, args.topk, args.experts, args.alignment, weighted)
-        for weighted in (False, True)
-    ]
-    text = json.dumps(results, indent=2)
-    print(text)
+def parser():
+    """The command line's parser."""
+    command = argparse.ArgumentParser(
+        prog="python -m benchmarks memory", description=__doc__.partition("\n\n")[0]
+    )
+    for name, default in (
+        ("tokens", 16384),
+        ("hidden", 7168),
+        ("topk", 8),
+        ("experts", 64),
+        ("alignment", 128),
+    ):
+        number(command, name, default=default)
+    record_option(command)
+    return command
+
+
+def settings(command, args):
+    """The shape, every option checked (``command.error``, exit status 2, before any work)."""
+    check_topk(command, args.topk, args.experts)
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+        check_writable(command, "--json", args.json)
+    problem = torch_cuda_problem()
+    if problem:
+        command.error(f"needs torch with a CUDA GPU; {problem}")
+    shape = (args.tokens, args.hidden, args.topk, args.experts, args.alignment)
+    label = "T={} H={} K={} E={} A={}".format(*shape)
+    check_fits(command, "cuda", [(memory_need(*shape), f"the layer step {label}")])
+    return shape
 
 
-if __name__ == "__main__":
-    main()
+def record_row(measured):
+    """The record row of one :func:`report` (sizes in bytes, measured once)."""
+    shape = measured["shape"]
+    key = "T={num_tokens} H={hidden} K={topk} E={num_experts} A={alignment}".format(**shape)
+    key += " weighted" if shape["weighted"] else " unweighted"
+    sizes = dict(step_peak=measured["step_peak_bytes"], forward_held=measured["forward_held_bytes"])
+    return dict(
+        measured,
+        key=key,
+        unit="bytes",
+        figures={name: Figure.of([value]).record() for name, value in sizes.items()},
+    )
+
+
+def main(argv=None):
+    """Check the options, measure both layers, print the figures and write the record;
+    returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = parser()
+    args = command.parse_args(argv)
+    shape = settings(command, args)
+    results = [report(*shape, weighted) for weighted in (False, True)]
+    print(json.dumps(results, indent=2))
+    header = environment.header("memory", "cuda", ["memory", *argv], "cuda (torch tensors)")
+    path = records.write(header, [record_row(r) for r in results], args.json)
+    print(f"record: {path}", file=sys.stderr)
+    return 0
