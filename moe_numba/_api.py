@@ -1,5 +1,6 @@
 """The public ``moe_permute`` and ``moe_unpermute``: torch tensors to the torch integration,
-every other array kind to the core (:mod:`moe_numba._core`)."""
+Paddle tensors to the Paddle front, every other array kind to the core
+(:mod:`moe_numba._core`)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ _TORCH_CALLS = "moe_numba.torch._calls"
 
 
 def torch_calls(arrays):
-    """:mod:`moe_numba.torch._calls` when a torch tensor is among ``arrays``, else None
-    (torch is never imported for the answer; the integration is imported on the first call
-    that needs it)."""
+    """:mod:`moe_numba.torch._calls` when a torch tensor is among ``arrays``, else
+    :func:`paddle_calls`'s answer (torch is never imported for the answer; the integration is
+    imported on the first call that needs it)."""
     torch = sys.modules.get("torch")
     if torch is None:
-        return None
+        return paddle_calls(arrays)
     tensor = torch.Tensor
     for x in arrays:
         if isinstance(x, tensor):
@@ -34,6 +35,20 @@ def torch_calls(arrays):
             if calls is None:
                 from .torch import _calls as calls
             return calls
+    return paddle_calls(arrays)
+
+
+def paddle_calls(arrays):
+    """:mod:`moe_numba.paddle._calls` when a Paddle tensor (or a static graph's, which it
+    refuses by name) is among ``arrays``, else None (as :func:`torch_calls`, for Paddle)."""
+    paddle = sys.modules.get("paddle")
+    if paddle is None:
+        return None
+    kinds = (paddle.Tensor, paddle.pir.Value)
+    if any(isinstance(x, kinds) for x in arrays):
+        from .paddle import _calls
+
+        return _calls
     return None
 
 
