@@ -14,8 +14,13 @@ Gradients are not materialised: an output that does not reach the loss hands the
 None, and the gradient ops skip what nothing needs. The gradient ops are not differentiable
 themselves (no double backward).
 
-``PyLayer.backward`` returns one gradient per tensor argument of ``forward``, in order (None
-arguments and other objects take no place); the call's other arguments travel as one object.
+Only the differentiable inputs (rows and probabilities) are the layers' tensor arguments: the
+others (maps, scales, sizes) travel with the scalars in one object (:class:`_Others`; Paddle
+counts the tensors inside a tuple argument as inputs too), outside the graph. ``backward``
+returns one gradient per tensor argument, and an input that requires a gradient always gets
+a tensor, zeros where the op gives none (float8 rows, an unused output): Paddle's backward
+pass crashes (a segmentation fault in the gradient node of a cast, say) when it meets None
+for such an input, and ``paddle.topk``'s indices require a gradient.
 """
 
 import paddle
@@ -25,11 +30,18 @@ from .._contract import PermuteArrays, UnpermuteArrays
 from .._contract_backward import PermuteBackwardArrays, UnpermuteBackwardArrays
 from .._contract_sort import SortArrays, inverse_order
 from . import _front
-from ._bridge import HOST, TENSOR
+from ._bridge import HOST
 
 _FLOAT8 = frozenset(
     dtype for dtype, numpy_dtype in HOST.to_numpy.items() if numpy_dtype.name.startswith("float8")
 )
+
+
+class _Others:
+    """A call's arguments other than the differentiable tensors, as one PyLayer argument."""
+
+    def __init__(self, *values):
+        self.values = values
 
 
 def _contiguous(grad):
@@ -37,72 +49,97 @@ def _contiguous(grad):
     return grad if grad is None or grad.is_contiguous() else grad.contiguous()
 
 
-def _wanted(grad, needed):
-    return _contiguous(grad) if needed else None
-
-
 def _requires_grad(x):
     return x is not None and not x.stop_gradient
 
 
-def _tensors(*args):
-    """The positions of the tensors among ``args`` (forward's arguments)."""
-    return tuple(i for i, x in enumerate(args) if isinstance(x, TENSOR))
+def _remember_inputs(ctx, *inputs):
+    """What :func:`_gradients` needs of the layer's tensor arguments (not the tensors)."""
+    ctx.inputs = tuple(
+        (_requires_grad(x), list(x.shape), x.dtype, x.place) if x is not None else None
+        for x in inputs
+    )
 
 
-def _gradients(ctx, grads):
-    """What ``backward`` returns: per tensor argument of ``forward`` its entry of ``grads``
-    (a dict by argument position), None where absent."""
-    return tuple(grads.get(i) for i in ctx.tensors)
+def _mark_constant(ctx, *outputs):
+    """Mark the outputs that have no gradient: each of ``outputs`` is one (an integer or
+    float8 one), or ``(output, whether it has one)``; None outputs are skipped."""
+    constant = []
+    for entry in outputs:
+        output, differentiable = entry if isinstance(entry, tuple) else (entry, False)
+        if output is not None and not differentiable:
+            constant.append(output)
+    ctx.mark_non_differentiable(*constant)
+
+
+def _gradients(ctx, *grads):
+    """``backward``'s gradients, one per tensor argument of ``forward`` (``grads`` gives one
+    per argument, None where the op gives none): None for an argument that wants none,
+    zeros for one that wants one the op does not give."""
+    out = []
+    for grad, meta in zip(grads, ctx.inputs, strict=True):
+        if meta is None:
+            continue
+        requires, shape, dtype, place = meta
+        if grad is None and requires:
+            grad = paddle.zeros(shape, dtype=dtype, device=place)
+        out.append(grad if requires else None)
+    return tuple(out)
 
 
 class _Permute(PyLayer):
     @staticmethod
-    def forward(ctx, hidden_states, scale, expert_routemap_topk, expert_prob_topk, call):
-        scalars, capacities = call
-        arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
+    def forward(ctx, hidden_states, expert_prob_topk, others):
+        scale, routemap, scalars, capacities = others.values
+        arrays = PermuteArrays(hidden_states, scale, routemap, expert_prob_topk)
         outputs = _front.call("permute", arrays, scalars, capacities)
-        rows, rowmap = outputs[:2]
+        rows, rowmap, row_probs = outputs[:3]
         float8 = hidden_states.dtype in _FLOAT8  # float8 rows have no gradient
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(rowmap, *outputs[3:], *((rows,) if float8 else ()))
+        _remember_inputs(ctx, hidden_states, expert_prob_topk)
         ctx.rows_grad = _requires_grad(hidden_states) and scalars["do_gather"] and not float8
         ctx.probs_grad = _requires_grad(expert_prob_topk)
+        _mark_constant(
+            ctx, (rows, ctx.rows_grad), (row_probs, ctx.probs_grad), rowmap, *outputs[3:]
+        )
         ctx.validate = scalars["validate"]
-        ctx.tensors = _tensors(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
-        ctx.save_for_backward(rowmap, expert_routemap_topk)
+        ctx.save_for_backward(rowmap, routemap)
         return outputs
 
     @staticmethod
     def backward(ctx, grad_rows, _grad_rowmap, grad_probs, *_others):
-        grad_rows = _wanted(grad_rows, ctx.rows_grad)
-        grad_probs = _wanted(grad_probs, ctx.probs_grad)
+        grad_rows = _contiguous(grad_rows) if ctx.rows_grad else None
+        grad_probs = _contiguous(grad_probs) if ctx.probs_grad else None
+        if grad_rows is None and grad_probs is None:
+            return _gradients(ctx, None, None)
         rowmap, routemap = ctx.saved_tensor()
         arrays = PermuteBackwardArrays(grad_rows, grad_probs, rowmap, routemap)
-        if grad_rows is None and grad_probs is None:
-            return _gradients(ctx, {})
-        grad_hidden, grad_slots = _front.call(
-            "permute_backward", arrays, {"validate": ctx.validate}
-        )
-        return _gradients(ctx, {0: grad_hidden, 3: grad_slots})
+        grads = _front.call("permute_backward", arrays, {"validate": ctx.validate})
+        return _gradients(ctx, *grads)
 
 
 class _Unpermute(PyLayer):
     @staticmethod
-    def forward(ctx, rows, zipped_expertwise_rowmap, expert_routemap_topk, probs, scalars):
-        arrays = UnpermuteArrays(rows, zipped_expertwise_rowmap, expert_routemap_topk, probs)
-        outputs = _front.call("unpermute", arrays, scalars)
+    def forward(ctx, rows, probs, others):
+        rowmap, routemap, scalars = others.values
+        outputs = _front.call("unpermute", UnpermuteArrays(rows, rowmap, routemap, probs), scalars)
         weighted = scalars["using_weighted_combine"]
         ctx.set_materialize_grads(False)
+        _remember_inputs(ctx, rows, probs)
         ctx.rows_grad = _requires_grad(rows)
         ctx.probs_grad = _requires_grad(probs)
+        combined, slot_probs = outputs
+        combined_grad = ctx.rows_grad or (weighted and ctx.probs_grad)
+        _mark_constant(ctx, (combined, combined_grad), (slot_probs, ctx.probs_grad))
         ctx.weighted = weighted
-        ctx.validate = scalars["validate"]
-        ctx.num_rows = rows.shape[0]
-        ctx.probs_shape = list(probs.shape)
+        ctx.scalars = {
+            "using_weighted_combine": weighted,
+            "num_rows": rows.shape[0],
+            "validate": scalars["validate"],
+        }
         ctx.save_for_backward(
-            zipped_expertwise_rowmap,
-            expert_routemap_topk,
+            rowmap,
+            routemap,
             probs if weighted else None,
             rows if weighted and ctx.probs_grad else None,
         )
@@ -110,70 +147,70 @@ class _Unpermute(PyLayer):
 
     @staticmethod
     def backward(ctx, grad_out, grad_slots):
-        grad_out = _wanted(grad_out, ctx.rows_grad or (ctx.probs_grad and ctx.weighted))
-        grad_slots = _wanted(grad_slots, ctx.probs_grad)
+        wanted_out = ctx.rows_grad or (ctx.probs_grad and ctx.weighted)
+        grad_out = _contiguous(grad_out) if wanted_out else None
+        grad_slots = _contiguous(grad_slots) if ctx.probs_grad else None
         if grad_out is None and grad_slots is None:
-            return None, None, None, None
+            return _gradients(ctx, None, None)
         rowmap, routemap, probs, rows = ctx.saved_tensor()
         arrays = UnpermuteBackwardArrays(
             grad_out, grad_slots, rows if grad_out is not None else None, rowmap, routemap, probs
         )
-        scalars = {
-            "using_weighted_combine": ctx.weighted,
-            "num_rows": ctx.num_rows,
-            "validate": ctx.validate,
-        }
-        grad_rows, grad_probs = _front.call("unpermute_backward", arrays, scalars)
-        if not ctx.probs_grad or grad_probs is None:
-            grad_probs = None
-        else:
-            grad_probs = grad_probs.reshape(ctx.probs_shape)
-        return (grad_rows if ctx.rows_grad else None), None, None, grad_probs
+        grad_rows, grad_probs = _front.call("unpermute_backward", arrays, ctx.scalars)
+        if grad_probs is not None:
+            grad_probs = grad_probs.reshape(ctx.inputs[1][1])  # ([R] or [R, 1], as given)
+        return _gradients(ctx, grad_rows, grad_probs)
 
 
 class _SortChunks(PyLayer):
     @staticmethod
-    def forward(ctx, x, probs, device_sizes, scalars):
+    def forward(ctx, x, probs, others):
+        device_sizes, scalars = others.values
         y, probs_y, lengths = _front.call(
             "sort_chunks", SortArrays(x, probs, device_sizes), scalars
         )
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(lengths)
-        ctx.inverse = inverse_order(scalars["order"])
-        ctx.rows = (x.shape[0], x.dtype, x.place)
+        _remember_inputs(ctx, x, probs)
         ctx.probs_grad = _requires_grad(probs)
-        ctx.tensors = _tensors(x, probs, device_sizes)
+        _mark_constant(ctx, (y, _requires_grad(x)), (probs_y, ctx.probs_grad), lengths)
+        ctx.inverse = inverse_order(scalars["order"])
         ctx.save_for_backward(lengths)
         return y, probs_y, lengths
 
     @staticmethod
     def backward(ctx, grad_y, *grads):
-        grad_probs = _wanted(grads[0], ctx.probs_grad) if len(grads) == 2 else None
+        # (grads: the probabilities' gradient when probs were given, then the lengths')
+        grad_probs = grads[0] if len(grads) == 2 and ctx.probs_grad else None
         if grad_y is None and grad_probs is None:
-            return _gradients(ctx, {})
+            return _gradients(ctx, None, None)
         if grad_y is None:  # (a zero-width stand-in: the sort reads no rows of it)
-            num_rows, dtype, place = ctx.rows
-            grad_y = paddle.empty([num_rows, 0], dtype=dtype, device=place)
+            _, shape, dtype, place = ctx.inputs[0]
+            grad_y = paddle.empty([shape[0], 0], dtype=dtype, device=place)
         (lengths,) = ctx.saved_tensor()
-        arrays, host_sizes = _front.sort_arrays(_contiguous(grad_y), lengths, grad_probs)
+        arrays, host_sizes = _front.sort_arrays(
+            _contiguous(grad_y), lengths, _contiguous(grad_probs)
+        )
         scalars = {"split_sizes": host_sizes, "order": ctx.inverse, "validate": False}
         grad_x, grad_p, _ = _front.call("sort_chunks", arrays, scalars)
-        return _gradients(ctx, {0: grad_x, 1: grad_p})
+        return _gradients(ctx, grad_x, grad_p)
 
 
 def permute(arrays, scalars, capacities):
     """``moe_permute``'s tuple, recorded by autograd (gradients of ``hidden_states`` and
     ``expert_prob_topk``)."""
-    return _Permute.apply(*arrays, (scalars, capacities))
+    hidden, scale, routemap, probs = arrays
+    return _Permute.apply(hidden, probs, _Others(scale, routemap, scalars, capacities))
 
 
 def unpermute(arrays, scalars):
     """``moe_unpermute``'s pair, recorded by autograd (gradients of
     ``hidden_states_unzipped`` and ``token_prob_unzipped``)."""
-    return _Unpermute.apply(*arrays, scalars)
+    rows, rowmap, routemap, probs = arrays
+    return _Unpermute.apply(rows, probs, _Others(rowmap, routemap, scalars))
 
 
 def sort_chunks(arrays, scalars):
     """``moe_sort_chunks``'s pair, recorded by autograd (gradients of ``x`` and ``probs``)."""
-    y, probs_y, _ = _SortChunks.apply(*arrays, scalars)
+    x, probs, device_sizes = arrays
+    y, probs_y, _ = _SortChunks.apply(x, probs, _Others(device_sizes, scalars))
     return y, probs_y
