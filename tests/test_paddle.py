@@ -7,7 +7,9 @@ Paddle is an extra (``pip install -e '.[paddle]'``): without it these tests skip
 """
 
 import contextlib
+import doctest
 import inspect
+import io
 import os
 import subprocess
 import sys
@@ -359,6 +361,22 @@ def test_paddles_docstring_example_fails_its_assert_by_its_own_rounding(installe
     zipped = as_numpy(namespace["zipped_tokens"])
     assert_same_bits(zipped[0], token0)
     assert_same_bits(zipped[1:], x[1:].astype(ml_dtypes.bfloat16))  # (one row each, weight 1)
+
+
+@pytest.mark.parametrize(
+    "function",
+    [mp.moe_permute, mp.moe_unpermute, mp.install, mp.as_numpy],
+    ids=lambda function: function.__name__,
+)
+def test_the_docstring_examples_run(function):
+    (test,) = doctest.DocTestFinder().find(function, globs={})
+    assert test.examples
+    out = io.StringIO()
+    try:
+        failed, _ = doctest.DocTestRunner().run(test, out=out.write)
+    finally:
+        mp.uninstall()
+    assert failed == 0, out.getvalue()
 
 
 # ------------------------------------------------------------------------------------------
@@ -715,10 +733,12 @@ def _python_blocks(page):
 
 
 def test_the_docs_examples_run():
+    """The page's Python blocks, in order, in one namespace (as a reader runs them)."""
     blocks = _python_blocks(DOCS_PAGE)
     assert len(blocks) >= 2
+    namespace = {}
     try:
         for block in blocks:
-            exec(block, {})
+            exec(block, namespace)
     finally:
         mp.uninstall()

@@ -85,9 +85,10 @@ def as_numpy(tensor):
     >>> import paddle
     >>> from moe_numba.paddle import as_numpy
     >>> x = paddle.to_tensor([1.5, -2.0]).astype("bfloat16")
-    >>> as_numpy(x)
-    array([1.5, -2], dtype=bfloat16)
-    >>> as_numpy(x).ctypes.data == x.data_ptr()
+    >>> view = as_numpy(x)
+    >>> view.dtype.name, view.astype("float32").tolist()
+    ('bfloat16', [1.5, -2.0])
+    >>> view.ctypes.data == x.data_ptr()
     True
     """
     if not isinstance(tensor, TENSOR):
