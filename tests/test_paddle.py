@@ -59,6 +59,15 @@ def _import_paddle():
 
 paddle = _import_paddle()
 import moe_numba.paddle as mp  # noqa: E402
+
+# (the adapters: no public seam reaches them)
+from moe_numba._libraries import (  # noqa: E402
+    ArrayLibrary,
+    DeviceLibrary,
+    PaddleCpuLibrary,
+    PaddleLibrary,
+    classify,
+)
 from moe_numba.paddle import as_numpy  # noqa: E402
 
 F = paddle.nn.functional
@@ -477,11 +486,37 @@ def test_gpu_tensors_reach_the_cuda_dispatch_without_a_host_copy():
         assert allocated.paddle == 0, allocated
 
 
+def _members(protocol):
+    return {name for name in vars(protocol) if not name.startswith("_")}
+
+
+@pytest.mark.parametrize("adapter", [PaddleLibrary, PaddleCpuLibrary], ids=lambda a: a.name)
+def test_the_adapters_implement_the_protocol(adapter):
+    wanted = _members(ArrayLibrary) | (
+        _members(DeviceLibrary) if adapter.location == "cuda" else set()
+    )
+    assert not [name for name in wanted if not callable(getattr(adapter, name, None))]
+    assert PaddleCpuLibrary.usable() and not PaddleLibrary.usable()  # (this Paddle: CPU only)
+
+
+@pytest.mark.parametrize("dtype", HIDDEN_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_the_cpu_adapter_copies_keep_every_bit(dtype):
+    adapter = classify(paddle.empty([0]))
+    assert adapter.name == "paddle-cpu" and adapter.location == "cpu"
+    x = random_bits(np.random.default_rng(18), (4, 3), dtype)
+    t = adapter.from_numpy(x)
+    assert t.place.is_cpu_place() and adapter.dtype(t) == np.dtype(dtype)
+    assert adapter.shape(t) == (4, 3) and adapter.is_contiguous(t) and adapter.device(t) == "cpu"
+    assert_same_bits(adapter.to_host(t), x)
+    u = adapter.empty((4, 3), dtype, t)
+    adapter.copy(u, t)
+    assert_same_bits(adapter.to_host(u), x)
+    assert adapter.key(u) == adapter.key(t) and adapter.key(t[:, :2]) != adapter.key(t)
+
+
 def test_the_gpu_adapter_gives_address_stream_and_device(monkeypatch):
     """What the GPU backend asks of a GPU tensor: its address (data_ptr, no copy), Paddle's
     current stream of its device, the device."""
-    from moe_numba._libraries import classify  # (no public seam reaches the adapter)
-
     x = GpuStandIn(to_paddle(np.zeros((3, 5), ml_dtypes.bfloat16)))
     asked = []
 

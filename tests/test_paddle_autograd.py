@@ -263,14 +263,24 @@ def _forward(function, counts):
     return run
 
 
-@pytest.mark.parametrize("function", [mp.moe_permute, moe_permute], ids=["paddle's", "public"])
-def test_to_static_runs_the_calls_eagerly(function):
+def _permute_of(name):
+    """The permute called ``name``: this package's, the public one, or (installed) Paddle's
+    own function name, looked up at the call."""
+    return {
+        "paddle's signature": mp.moe_permute,
+        "public": moe_permute,
+        "installed": lambda *args: F.moe_permute(*args),
+    }[name]
+
+
+@pytest.mark.parametrize("name", ["paddle's signature", "public", "installed"])
+def test_to_static_runs_the_calls_eagerly(installed, name):  # noqa: F811 (the fixture)
     """to_static's default translator (SOT) breaks its graph at each call and runs it eagerly:
     the outputs and gradients of eager execution."""
     case = _case(14)
     routes = to_paddle(case["expert_routemap_topk"])
     results = []
-    forward = _forward(function, case["tokens_per_expert"])
+    forward = _forward(_permute_of(name), case["tokens_per_expert"])
     for run in (forward, paddle.jit.to_static(forward)):
         x, probs = _leaf(case["hidden_states"]), _leaf(case["expert_prob_topk"])
         out = run(x, probs, routes)

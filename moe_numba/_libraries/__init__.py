@@ -10,7 +10,7 @@ One module per library: ``_numpy``, ``_torch``, ``_paddle``, ``_cupy``, ``_numba
 device arrays and any other ``__cuda_array_interface__`` producer, and the CUDA simulator's
 arrays); the protocol is in ``_protocol``. torch, Paddle and CuPy are never imported unless the
 caller's array already comes from them (then they are in ``sys.modules``), or a caller asks
-for them by name (:func:`library_named`, ``usable()``).
+for torch or CuPy by name (:func:`library_named`, ``usable()``).
 """
 
 from __future__ import annotations
@@ -47,11 +47,7 @@ __all__ = [
 
 # the GPU libraries in the order a caller that has no preference should try them
 GPU_LIBRARIES = (TorchLibrary, CupyLibrary, NumbaLibrary, SimulatorLibrary)
-# (Paddle is no GPU library of that list: asking whether it sees a GPU imports all of it)
-_NAMED = {
-    cls.name: cls
-    for cls in (NumpyLibrary, TorchCpuLibrary, PaddleLibrary, PaddleCpuLibrary, *GPU_LIBRARIES)
-}
+_NAMED = {cls.name: cls for cls in (NumpyLibrary, TorchCpuLibrary, *GPU_LIBRARIES)}
 _BY_MODULE = {"torch": TorchLibrary, "cupy": CupyLibrary}
 # a tensor type of one library whose adapter depends on the device: (CUDA, CPU) adapters
 _BY_DEVICE = {
@@ -163,8 +159,7 @@ def library_named(name):
     Parameters
     ----------
     name : str
-        ``"numpy"``, ``"torch"``, ``"paddle"``, ``"cupy"``, ``"numba"`` or ``"cudasim"``
-        (``"torch-cpu"`` and ``"paddle-cpu"``: those libraries' CPU tensors). With the CUDA
+        ``"numpy"``, ``"torch"``, ``"cupy"``, ``"numba"`` or ``"cudasim"``. With the CUDA
         simulator on, numba's device arrays are the simulator's, so ``"numba"`` names those.
 
     Raises

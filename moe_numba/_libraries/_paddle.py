@@ -67,8 +67,7 @@ class _PaddleTensors:
             ("complex64", np.complex64),
             ("complex128", np.complex128),
         ):
-            if hasattr(paddle, name):  # (dtypes that older releases lack)
-                self.to_numpy[getattr(paddle, name)] = np.dtype(numpy_type)
+            self.to_numpy[getattr(paddle, name)] = np.dtype(numpy_type)
         self.to_paddle = {v: k for k, v in self.to_numpy.items()}
         self.bits = {dtype: getattr(paddle, name) for dtype, name in _BITS.items()}
 
@@ -157,9 +156,9 @@ class PaddleLibrary(_PaddleTensors):
 
     def from_numpy(self, array, like_or_device=None):
         if like_or_device is None:
-            place = self.paddle.CUDAPlace(self.paddle.device.cuda.current_device())
+            place = self.paddle.device.get_device()  # (Paddle's current device: "gpu:N")
         elif isinstance(like_or_device, int):
-            place = self.paddle.CUDAPlace(like_or_device)
+            place = f"gpu:{like_or_device}"
         else:
             place = like_or_device.place
         return self._from_numpy(array, place)

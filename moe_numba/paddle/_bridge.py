@@ -11,12 +11,12 @@ dtype on the NumPy side.
 
 import paddle
 
-from .._libraries import library_named
+from .._libraries import PaddleCpuLibrary
 
 TENSOR = paddle.Tensor
 _VALUE = paddle.pir.Value  # a tensor of a static graph (paddle.jit.to_static, paddle.static)
-# the adapter of Paddle's CPU tensors: the dtype table and the NumPy views (one instance)
-HOST = library_named("paddle-cpu")
+# the adapter of Paddle's CPU tensors: the dtype table and the NumPy views
+HOST = PaddleCpuLibrary()
 
 
 def _name_of(x):
