@@ -33,6 +33,7 @@ from _cases import (
     random_routing,
     random_values,
 )
+from _torch_cases import routing  # (NumPy cases; torch is in the test extra)
 from moe_numba import (
     GPUUnavailableError,
     moe_permute,
@@ -106,17 +107,15 @@ def assert_paddle_outputs(actual, expected):
 
 
 def _permute_case(seed, dtype, route_dtype=np.int32, num_experts=5, alignment=4):
+    """A routing case of the torch tests (13 tokens, K = 3, H = 10) with rows of random bits
+    of ``dtype`` (every pattern: rows are copied as bytes) and a float32 scale."""
+    case = routing(seed, num_tokens=13, num_experts=num_experts, alignment=alignment, hidden=10)
     rng = np.random.default_rng(seed)
-    num_tokens, topk = 13, 3
-    routemap = random_routing(rng, num_tokens, topk, num_experts, dtype=route_dtype)
     return dict(
-        hidden_states=random_bits(rng, (num_tokens, 10), dtype),
-        scale=rng.random((num_tokens, 2), dtype=np.float32),
-        expert_routemap_topk=routemap,
-        expert_prob_topk=random_probs(rng, (num_tokens, topk)),
-        num_experts=num_experts,
-        tokens_per_expert=counts_of(routemap, num_experts).tolist(),
-        padding_alignment=alignment,
+        case,
+        hidden_states=random_bits(rng, (13, 10), dtype),
+        scale=rng.random((13, 2), dtype=np.float32),
+        expert_routemap_topk=case["expert_routemap_topk"].astype(route_dtype),
     )
 
 
@@ -534,17 +533,6 @@ def test_the_gpu_adapter_gives_address_stream_and_device(monkeypatch):
     assert adapter.dtype(x) == np.dtype(ml_dtypes.bfloat16)
 
 
-def test_gpu_and_cpu_tensors_mixed_are_refused():
-    args = _paddle_args(permute_defaults())
-    args["expert_prob_topk"] = GpuStandIn(args["expert_prob_topk"])
-    with pytest.raises(
-        TypeError,
-        match=r"hidden_states is a paddle.Tensor \(host array\) but expert_prob_topk is a "
-        r"test_paddle.GpuStandIn \(CUDA array\)",
-    ):
-        moe_permute(**args)
-
-
 def test_installed_functions_leave_gpu_tensors_to_paddle(installed):
     """On a GPU place Paddle has its own kernel: the installed function calls it (on this
     stand-in, whose memory is the host's, Paddle finds no kernel and says so)."""
@@ -641,46 +629,49 @@ def test_an_alignment_below_one_is_refused():
         mp.moe_permute(**dict(args, padding_alignment=0))
 
 
-def test_a_tensor_on_another_place_is_named():
-    class XpuPlace(_GpuPlace):
-        def is_gpu_place(self):
-            return False
+class _XpuPlace(_GpuPlace):
+    def is_gpu_place(self):
+        return False
 
-        def __repr__(self):
-            return "Place(xpu:0)"
+    def __repr__(self):
+        return f"Place(xpu:{self.device})"
 
-    class XpuTensor(paddle.Tensor):
-        place = property(lambda self: XpuPlace(0))
 
+class XpuStandIn(paddle.Tensor):
+    """A Paddle tensor that says it lives on an XPU."""
+
+    place = property(lambda self: _XpuPlace(0))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            GpuStandIn,
+            r"hidden_states is a paddle.Tensor \(host array\) but expert_prob_topk is a "
+            r"test_paddle.GpuStandIn \(CUDA array\)",
+        ),
+        (
+            XpuStandIn,
+            r"expert_prob_topk is on Place\(xpu:0\): moe-numba serves Paddle tensors on the "
+            "CPU place or a GPU place",
+        ),
+        (
+            as_numpy,
+            r"hidden_states is a paddle.Tensor but expert_prob_topk is a numpy.ndarray: pass "
+            r"every array as a Paddle tensor \(on one place\), or none",
+        ),
+        (
+            lambda probs: probs.astype("complex64"),
+            "expert_prob_topk must have dtype float32; got complex64",
+        ),
+    ],
+    ids=["cpu and gpu", "another place", "numpy among tensors", "complex"],
+)
+def test_arrays_of_another_kind_place_or_dtype_are_named(change, message):
     args = _paddle_args(permute_defaults())
-    args["expert_prob_topk"] = XpuTensor(args["expert_prob_topk"])
-    with pytest.raises(
-        TypeError,
-        match=r"expert_prob_topk is on Place\(xpu:0\): moe-numba serves Paddle tensors on the "
-        "CPU place or a GPU place",
-    ):
-        mp.moe_permute(**args)
-
-
-def test_other_array_kinds_among_paddle_tensors_are_refused():
-    args = _paddle_args(permute_defaults())
-    args["expert_prob_topk"] = as_numpy(args["expert_prob_topk"])
-    with pytest.raises(
-        TypeError,
-        match=r"hidden_states is a paddle.Tensor but expert_prob_topk is a numpy.ndarray: pass "
-        r"every array as a Paddle tensor \(on one place\), or none",
-    ):
-        moe_permute(**args)
-    with pytest.raises(
-        TypeError, match="hidden_states_unzipped must be a paddle.Tensor; got numpy.ndarray"
-    ):
-        mp.moe_unpermute(**unpermute_defaults())
-
-
-def test_a_dtype_outside_the_contract_is_named():
-    args = _paddle_args(permute_defaults())
-    args["expert_prob_topk"] = args["expert_prob_topk"].astype("complex64")
-    with pytest.raises(TypeError, match="expert_prob_topk must have dtype float32; got complex64"):
+    args["expert_prob_topk"] = change(args["expert_prob_topk"])
+    with pytest.raises(TypeError, match=message):
         mp.moe_permute(**args)
 
 
@@ -691,11 +682,12 @@ def _as_paddle(args):
 
 
 ERROR_CASES = [
-    pytest.param(moe_permute, permute_defaults, *case, id=f"permute {case[0]}")
-    for case in PERMUTE_ERRORS
-] + [
-    pytest.param(moe_unpermute, unpermute_defaults, *case, id=f"unpermute {case[0]}")
-    for case in UNPERMUTE_ERRORS
+    pytest.param(function, defaults, *case, id=f"{function.__name__} {case[0]}")
+    for function, defaults, cases in (
+        (moe_permute, permute_defaults, PERMUTE_ERRORS),
+        (moe_unpermute, unpermute_defaults, UNPERMUTE_ERRORS),
+    )
+    for case in cases
 ]
 
 

@@ -7,7 +7,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from _cases import assert_same_bits, counts_of, random_probs, random_routing, random_values
+from _cases import assert_same_bits, counts_of, random_probs, random_values
+from _torch_cases import routing  # (NumPy cases; torch is in the test extra)
 from moe_numba import (
     moe_permute,
     moe_permute_backward,
@@ -19,17 +20,9 @@ from test_paddle import as_numpy, installed, mp, paddle, to_paddle  # noqa: F401
 F = paddle.nn.functional
 
 
-def _case(seed, dtype=np.float32, num_tokens=11, hidden=6, num_experts=4, topk=3):
-    rng = np.random.default_rng(seed)
-    routemap = random_routing(rng, num_tokens, topk, num_experts)
-    return dict(
-        hidden_states=random_values(rng, (num_tokens, hidden), dtype, special=0.0),
-        expert_routemap_topk=routemap,
-        expert_prob_topk=random_probs(rng, (num_tokens, topk)),
-        num_experts=num_experts,
-        tokens_per_expert=counts_of(routemap, num_experts).tolist(),
-        padding_alignment=2,
-    )
+def _case(seed, dtype=np.float32):
+    """A routing case of the torch tests: 11 tokens, H = 6, K = 3, E = 4, A = 2."""
+    return routing(seed, num_tokens=11, dtype=dtype, hidden=6)
 
 
 def _leaf(array):

@@ -44,6 +44,13 @@ def _place(x):
 class _PaddleTensors:
     """What both adapters share: dtypes, metadata and copies of Paddle tensors."""
 
+    _place_kind: str  # the method of a place that says the adapter serves it
+
+    @classmethod
+    def serves(cls, x):
+        place = _place(x)
+        return place is not None and getattr(place, cls._place_kind)()
+
     def __init__(self):
         import paddle
 
@@ -121,11 +128,7 @@ class PaddleLibrary(_PaddleTensors):
 
     name = "paddle"
     location = "cuda"
-
-    @classmethod
-    def serves(cls, x):
-        place = _place(x)
-        return place is not None and place.is_gpu_place()
+    _place_kind = "is_gpu_place"
 
     @classmethod
     def usable(cls):
@@ -174,11 +177,7 @@ class PaddleCpuLibrary(_PaddleTensors):
 
     name = "paddle-cpu"
     location = "cpu"
-
-    @classmethod
-    def serves(cls, x):
-        place = _place(x)
-        return place is not None and place.is_cpu_place()
+    _place_kind = "is_cpu_place"
 
     @classmethod
     def usable(cls):

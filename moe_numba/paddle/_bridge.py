@@ -41,11 +41,10 @@ def check_tensors(arrays):
     Paddle tensor on the CPU or a GPU: ``TypeError`` naming the first that is not."""
     check_eager(arrays)
     named = {name: x for name, x in arrays._asdict().items() if x is not None}
-    first = next((name for name, x in named.items() if isinstance(x, TENSOR)), None)
+    # (the public functions send a call here for a Paddle tensor among its arrays)
+    first = next(name for name, x in named.items() if isinstance(x, TENSOR))
     for name, x in named.items():
         if not isinstance(x, TENSOR):
-            if first is None:
-                raise TypeError(f"{name} must be a paddle.Tensor; got {_name_of(x)}")
             raise TypeError(
                 f"{first} is a paddle.Tensor but {name} is a {_name_of(x)}: pass every array "
                 "as a Paddle tensor (on one place), or none"

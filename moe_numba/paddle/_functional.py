@@ -1,5 +1,7 @@
 """``moe_permute`` and ``moe_unpermute`` with the signatures of ``paddle.nn.functional``
-(Paddle 3.3): code written for Paddle's functions runs by changing the import."""
+(Paddle 3.3): code written for Paddle's functions runs by changing the import. They are the
+public functions (:mod:`moe_numba._api`, which send Paddle tensors to :mod:`._calls`) with
+Paddle's parameters: ``validate`` is always on, and there is no ``return_expert_offsets``."""
 
 from __future__ import annotations
 
@@ -7,8 +9,7 @@ from collections.abc import Sequence
 
 import paddle
 
-from .._contract import PermuteArrays, UnpermuteArrays
-from . import _calls
+from .. import _api
 
 
 def moe_permute(
@@ -89,18 +90,7 @@ def moe_permute(
     >>> rowmap.tolist()
     [[0, -1, 4], [-1, 2, -1], [1, 3, -1]]
     """
-    arrays = PermuteArrays(hidden_states, scale, expert_routemap_topk, expert_prob_topk)
-    values = (
-        num_experts,
-        padding_alignment,
-        do_gather,
-        using_ue8m0_scale,
-        return_expert_indices,
-        override_buffer_size,
-        True,  # validate
-        False,  # return_expert_offsets
-    )
-    return _calls.permute(arrays, values, tokens_per_expert)
+    return _api.moe_permute(**locals())  # (the public function's parameters, by name)
 
 
 def moe_unpermute(
@@ -168,8 +158,4 @@ def moe_unpermute(
     >>> out.tolist(), slot_probs.tolist()
     ([[2.5, 3.5]], [[0.75, 0.25]])
     """
-    arrays = UnpermuteArrays(
-        hidden_states_unzipped, zipped_expertwise_rowmap, expert_routemap_topk, token_prob_unzipped
-    )
-    values = (total_zipped_tokens, num_experts, using_mix_precision, using_weighted_combine, True)
-    return _calls.unpermute(arrays, values)
+    return _api.moe_unpermute(**locals())
