@@ -2,8 +2,8 @@
 its own.
 
 The core (:mod:`._core`) serves NumPy arrays and CUDA arrays as arrays: it reads them and
-writes outputs of their kind. A library whose tensors carry more than memory (torch's
-autograd, tracing and compilation) has a front of its own, a subpackage with a ``call(op,
+writes outputs of their kind. A library whose tensors carry more than memory (torch's and
+Paddle's autograd, tracing and compilation) has a front of its own, a subpackage with a ``call(op,
 arrays, scalars, capacities=None)`` like :func:`._core.call`, which does what that library
 needs around the core. This module is the table of those fronts; the public functions ask it
 once per call, and it imports nothing a caller has not: a library's front is looked for only
@@ -17,6 +17,10 @@ import sys
 from . import _core
 
 
+def _torch_tensors(torch):
+    return torch.Tensor
+
+
 def _torch_front(torch):
     # a dict lookup once imported; an import statement while dynamo traces (it would guard
     # on the lookup, which the import then changes; it traces the statement itself)
@@ -26,19 +30,34 @@ def _torch_front(torch):
     return front
 
 
-# (module of the library, the class of its tensors, the loader of its front given the
-# library), in the order they are asked
-FRONTS = (("torch", "Tensor", _torch_front),)
+def _paddle_tensors(paddle):
+    # (a static graph's tensors too: its front refuses them by name)
+    return (paddle.Tensor, paddle.pir.Value)
+
+
+def _paddle_front(paddle):
+    front = sys.modules.get("moe_numba.paddle._calls")
+    if front is None:
+        from .paddle import _calls as front
+    return front
+
+
+# (module of the library, the classes of its tensors, the loader of its front; both given
+# the library), in the order they are asked
+FRONTS = (
+    ("torch", _torch_tensors, _torch_front),
+    ("paddle", _paddle_tensors, _paddle_front),
+)
 
 
 def front_of(arrays):
     """The front that serves a call on ``arrays`` (an op's arrays NamedTuple): a library's
     own where one of the arrays is its tensor, else the core."""
-    for module, class_name, load in FRONTS:
+    for module, tensors, load in FRONTS:
         library = sys.modules.get(module)
         if library is None:
             continue
-        kind = getattr(library, class_name)
+        kind = tensors(library)
         for x in arrays:
             if isinstance(x, kind):
                 return load(library)

@@ -114,11 +114,11 @@ class Op:
     differentiable: tuple[str, ...]
     capacities: bool = False
     host_values: Callable | None = None
+    differentiable_indices: tuple[int, ...] = ()  # (derived: the positions of differentiable)
 
-    @property
-    def differentiable_indices(self):
-        """The positions of :attr:`differentiable` among the arrays."""
-        return tuple(self.arrays._fields.index(name) for name in self.differentiable)
+    def __post_init__(self):
+        indices = tuple(self.arrays._fields.index(name) for name in self.differentiable)
+        object.__setattr__(self, "differentiable_indices", indices)
 
     def __repr__(self):
         return f"Op({self.name!r})"

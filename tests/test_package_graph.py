@@ -6,10 +6,11 @@ name`` to ``m``, and ``from .. import name`` of a name that is no submodule to t
 ``__init__``.
 
 The layers, from the top: the public functions and the table of fronts that they pick from
-(``moe_numba``, ``moe_numba._api*``, ``moe_numba._fronts``); the integrations of libraries
-with transforms of their own and of model frameworks (``moe_numba.torch``,
-``moe_numba.transformers``); the core (everything else: contract, ops, backends, kernels,
-runtime). A layer imports only the layers below it.
+(``moe_numba``, ``moe_numba._api*``, ``moe_numba._fronts``, and Paddle's signatures in
+``moe_numba.paddle``); the integrations of libraries with transforms of their own and of
+model frameworks (``moe_numba.torch``, ``moe_numba.paddle``, ``moe_numba.transformers``);
+the core (everything else: contract, ops, backends, kernels, runtime). A layer imports only
+the layers below it.
 """
 
 from __future__ import annotations
@@ -105,8 +106,10 @@ def test_no_import_circles():
 
 
 PUBLIC = ("moe_numba", "moe_numba._api", "moe_numba._api_backward", "moe_numba._api_sort")
-PUBLIC += ("moe_numba._fronts",)
-INTEGRATIONS = ("moe_numba.torch", "moe_numba.transformers")
+# (Paddle's signatures and install() are public functions of moe_numba.paddle)
+PUBLIC += ("moe_numba._fronts", "moe_numba.paddle", "moe_numba.paddle._functional")
+PUBLIC += ("moe_numba.paddle._install",)
+INTEGRATIONS = ("moe_numba.torch", "moe_numba.paddle", "moe_numba.transformers")
 CONSUMERS = ("moe_numba.__main__", "moe_numba._demo")  # (the public API's own users)
 
 

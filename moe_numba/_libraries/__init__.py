@@ -6,11 +6,11 @@ on its current stream, copying to and from the host. :func:`classify` is the one
 decides which adapter serves an object; dispatch (:mod:`moe_numba._dispatch`) and every
 adapter lookup go through it, so no object can be accepted that no adapter serves.
 
-One module per library: ``_numpy``, ``_torch``, ``_cupy``, ``_numba`` (numba's device arrays
-and any other ``__cuda_array_interface__`` producer, and the CUDA simulator's arrays); the
-protocol is in ``_protocol``. torch and CuPy are never imported unless the caller's array
-already comes from them (then they are in ``sys.modules``), or a caller asks for them by name
-(:func:`library_named`, ``usable()``).
+One module per library: ``_numpy``, ``_torch``, ``_paddle``, ``_cupy``, ``_numba`` (numba's
+device arrays and any other ``__cuda_array_interface__`` producer, and the CUDA simulator's
+arrays); the protocol is in ``_protocol``. torch, Paddle and CuPy are never imported unless the
+caller's array already comes from them (then they are in ``sys.modules``), or a caller asks
+for torch or CuPy by name (:func:`library_named`, ``usable()``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 from ._cupy import CupyLibrary
 from ._numba import NumbaLibrary, SimulatorLibrary, fake_cuda_array_type
 from ._numpy import NumpyLibrary
+from ._paddle import PaddleCpuLibrary, PaddleLibrary, paddle_tensor_type
 from ._protocol import ML_DTYPE_BITS, ArrayLibrary, DeviceLibrary, dlpack_cuda, loaded_type
 from ._torch import TorchCpuLibrary, TorchLibrary
 
@@ -31,6 +32,8 @@ __all__ = [
     "DeviceLibrary",
     "NumbaLibrary",
     "NumpyLibrary",
+    "PaddleCpuLibrary",
+    "PaddleLibrary",
     "SimulatorLibrary",
     "TorchCpuLibrary",
     "TorchLibrary",
@@ -47,6 +50,11 @@ __all__ = [
 GPU_LIBRARIES = (TorchLibrary, CupyLibrary, NumbaLibrary, SimulatorLibrary)
 _NAMED = {cls.name: cls for cls in (NumpyLibrary, TorchCpuLibrary, *GPU_LIBRARIES)}
 _BY_MODULE = {"torch": TorchLibrary, "cupy": CupyLibrary}
+# a tensor type of one library whose adapter depends on the device: (CUDA, CPU) adapters
+_BY_DEVICE = {
+    TorchLibrary: (TorchLibrary, TorchCpuLibrary),
+    PaddleLibrary: (PaddleLibrary, PaddleCpuLibrary),
+}
 
 # Plain dicts, not bounded caches: a process meets a handful of array types and libraries,
 # and an entry is never wrong (classify still asks the adapter whether it serves each object).
@@ -67,14 +75,16 @@ def _candidate(kind):
         return NumpyLibrary
     if issubclass(kind, fake_cuda_array_type() or ()):
         return SimulatorLibrary
+    if issubclass(kind, paddle_tensor_type() or ()):  # (parameters are a subclass)
+        return PaddleLibrary
     return _BY_MODULE.get(kind.__module__.partition(".")[0], NumbaLibrary)
 
 
 def _candidates(kind):
-    """The adapter classes that could serve objects of type ``kind`` (a torch tensor's
-    adapter depends on its device), in the order to ask them."""
+    """The adapter classes that could serve objects of type ``kind`` (a torch or Paddle
+    tensor's adapter depends on its device), in the order to ask them."""
     cls = _candidate(kind)
-    return (TorchLibrary, TorchCpuLibrary) if cls is TorchLibrary else (cls,)
+    return _BY_DEVICE.get(cls, (cls,))
 
 
 def classify(x):
@@ -88,11 +98,13 @@ def classify(x):
     Returns
     -------
     ArrayLibrary or None
-        A NumPy array gets the NumPy adapter; a torch CUDA tensor, a CuPy array, a simulated
-        device array, or any other object with ``__cuda_array_interface__`` (numba device
-        arrays among them) gets its library's adapter, and so does a torch CPU tensor (a host
-        array, which the torch custom ops hand to the CPU backend as a NumPy view).
-        Everything else (an object known only through DLPack, a list) gets None.
+        A NumPy array gets the NumPy adapter; a torch CUDA tensor, a Paddle GPU tensor, a
+        CuPy array, a simulated device array, or any other object with
+        ``__cuda_array_interface__`` (numba device arrays among them) gets its library's
+        adapter, and so does a torch or Paddle CPU tensor (a host array, which the torch
+        custom ops and the Paddle front hand to the CPU backend as a NumPy view). Everything
+        else (an object known only through DLPack, a list, a Paddle tensor on another place)
+        gets None.
     """
     adapter = _SERVED.get(type(x))
     if adapter is not None and adapter.serves(x):
