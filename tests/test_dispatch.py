@@ -66,6 +66,18 @@ def test_one_classifier_serves_dispatch_and_lookup():
             array_library(refused)
 
 
+def test_meta_tensors_have_a_location_but_no_backend():
+    """A meta tensor is classified (so that a mix with data tensors names both devices), but
+    no backend runs meta tensors alone: the custom ops' fake kernels give their outputs."""
+    torch = pytest.importorskip("torch")
+    meta = torch.zeros(2, device="meta")
+    assert classify(meta).location == "meta"
+    with pytest.raises(TypeError, match="^a is a meta tensor, which holds no data"):
+        locate({"a": meta, "b": torch.zeros(2, device="meta")})
+    with pytest.raises(TypeError, match=r"^a is on cpu but b is on meta \(a meta tensor holds"):
+        locate({"a": np.zeros(2), "b": meta})
+
+
 def test_dlpack_only_cuda_array_is_refused_by_name():
     args = permute_defaults()
     args["expert_prob_topk"] = _DLPackOnlyCudaArray()

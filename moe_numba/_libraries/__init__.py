@@ -21,7 +21,7 @@ from ._cupy import CupyLibrary
 from ._numba import NumbaLibrary, SimulatorLibrary, fake_cuda_array_type
 from ._numpy import NumpyLibrary
 from ._protocol import ML_DTYPE_BITS, ArrayLibrary, DeviceLibrary, dlpack_cuda
-from ._torch import TorchCpuLibrary, TorchLibrary
+from ._torch import TorchCpuLibrary, TorchLibrary, TorchMetaLibrary
 
 __all__ = [
     "GPU_LIBRARIES",
@@ -34,6 +34,7 @@ __all__ = [
     "SimulatorLibrary",
     "TorchCpuLibrary",
     "TorchLibrary",
+    "TorchMetaLibrary",
     "array_library",
     "classify",
     "dlpack_cuda",
@@ -73,7 +74,7 @@ def _candidates(kind):
     """The adapter classes that could serve objects of type ``kind`` (a torch tensor's
     adapter depends on its device), in the order to ask them."""
     cls = _candidate(kind)
-    return (TorchLibrary, TorchCpuLibrary) if cls is TorchLibrary else (cls,)
+    return (TorchLibrary, TorchCpuLibrary, TorchMetaLibrary) if cls is TorchLibrary else (cls,)
 
 
 def classify(x):
