@@ -93,8 +93,10 @@ def local_experts(num_experts: int, group=None) -> range:
     Raises
     ------
     ValueError
-        If the group's size does not divide ``num_experts``.
+        If this rank is not a member of ``group``, or the group's size does not divide
+        ``num_experts``.
     """
+    _check_member(group)
     ranks = dist.get_world_size(group)
     num_experts = check_int("num_experts", num_experts, 1)
     if num_experts % ranks:
@@ -105,6 +107,19 @@ def local_experts(num_experts: int, group=None) -> range:
     per_rank = num_experts // ranks
     first = dist.get_rank(group) * per_rank
     return range(first, first + per_rank)
+
+
+def _check_member(group):
+    """``ValueError`` unless this process is a rank of ``group`` (None: the world).
+
+    torch answers -1 for the rank and the size of a group this process is not in, and its
+    collectives return at once there without exchanging anything.
+    """
+    if dist.get_rank(group) < 0:
+        raise ValueError(
+            f"this rank is not a member of group (it is rank {dist.get_rank()} of the world): "
+            "only the group's ranks own experts and call the layer with it"
+        )
 
 
 class LayerTimer:
@@ -265,6 +280,13 @@ def _check_inputs(x, routemap, probs, expert_fn):
             raise ValueError(f"{name} must be on x's device ({x.device}); got {value.device}")
     if not callable(expert_fn):
         raise TypeError(f"expert_fn must be callable; got {type(expert_fn).__name__}")
+
+
+def _contiguous(*tensors):
+    """``tensors`` C-contiguous (a copy where a tensor is a strided view; autograd carries
+    the gradient back to the view): a layout is no argument the ranks must agree on, and the
+    ops see the same rows as a one-process run."""
+    return tuple(t if t.is_contiguous() else t.contiguous() for t in tensors)
 
 
 def _check_expert_output(out, rows, device):
@@ -435,6 +457,8 @@ def expert_parallel_moe(
     Raises
     ------
     ValueError
+        On this rank alone, at once: this rank is not a member of ``group`` (the group's
+        ranks never wait for it).
         On every rank, naming the rank: ``num_experts`` not a multiple of the group's size,
         a bad routing map (with ``validate``), a bad tensor shape or device, an expert
         output of the wrong shape; or an argument that differs between ranks
@@ -455,7 +479,9 @@ def expert_parallel_moe(
     plus one per agreement on a GPU with ``validate=True``; none in the backward. A rank
     that never calls the layer (or dies, or hangs in ``expert_fn``) leaves the others in a
     collective until the process group's timeout: pass ``timeout=`` to
-    ``init_process_group``. ``expert_fn`` may return non-contiguous rows.
+    ``init_process_group``. ``x``, ``routemap`` and ``probs`` may be strided views, on any
+    rank (they are copied to C-contiguous tensors first, so their layout is no argument the
+    ranks must share), and ``expert_fn`` may return non-contiguous rows.
 
     The result and all gradients equal :func:`single_process_moe` on
     the concatenation of every rank's batch, bit for bit, when ``expert_fn`` treats each row
@@ -464,6 +490,7 @@ def expert_parallel_moe(
     """
     clock = _NoTimer if timer is None else timer
     stage = clock.stage
+    _check_member(group)  # (first: a rank outside the group cannot join its agreement)
     agreeing = _agrees(x, validate)
     failure = None
     try:
@@ -472,6 +499,7 @@ def expert_parallel_moe(
         alignment = check_int("padding_alignment", padding_alignment, 1)
         experts = local_experts(num_experts, group)
         _check_inputs(x, routemap, probs, expert_fn)
+        x, routemap, probs = _contiguous(x, routemap, probs)
     except (TypeError, ValueError) as error:
         if not agreeing:
             raise
@@ -581,6 +609,8 @@ def single_process_moe(
     check_bool("validate", validate)
     alignment = check_int("padding_alignment", padding_alignment, 1)
     num_experts = check_int("num_experts", num_experts, 1)
+    _check_inputs(x, routemap, probs, expert_fn)
+    x, routemap, probs = _contiguous(x, routemap, probs)
     counts, words = _counts_and_status(routemap, num_experts, validate)
     if validate:
         _raise_for_routing([words.tolist()], None, routemap.shape[1], num_experts)
