@@ -128,7 +128,9 @@ class LayerTimer:
 
     The device is synchronised at every stage boundary, so pass one only when measuring. The
     backward is timed where the rows' gradient crosses a boundary; the probabilities'
-    gradient, computed alongside, counts towards whichever stage is running then.
+    gradient, computed alongside, counts towards whichever stage is running then. A stage
+    whose gradient leaves through no marked tensor (the permute's, or the experts', when
+    ``x`` and ``probs`` need no gradient) ends with the backward pass.
     """
 
     STAGES = ("counts", "permute", "all-to-all", "sort", "experts", "unpermute")
@@ -160,7 +162,13 @@ class LayerTimer:
         if self._last is not None:
             running, start = self._last
             self.backward[running] += now - start
+        elif stage is not None:  # a backward pass enters the layer: close it at its end
+            _engine.queue_callback(lambda: self._reached(None, grad))
         self._last = None if stage is None else (stage, now)
+
+
+# runs a callback when the current backward pass ends (what DDP's reducer uses)
+_engine = torch.autograd.Variable._execution_engine
 
 
 class _Mark(torch.autograd.Function):
@@ -538,7 +546,8 @@ def expert_parallel_moe(
     order = [q * per_rank + j for j in range(per_rank) for q in range(ranks)]
     tokens_per_expert = [sum(arriving[j::per_rank]) for j in range(per_rank)]
 
-    x = clock.mark(x, None)
+    # (the layer's inputs: where their gradients arrive, the backward leaves the layer)
+    x, probs = clock.mark(x, None), clock.mark(probs, None)
     with stage("permute", x):
         rows, rowmap, row_probs, _ = moe_permute(
             x, None, routemap, probs, num_experts, local, alignment, validate=False
