@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 import torch
+from _cli import parser
 
 import moe_numba
 from moe_numba import _core, _gpu
@@ -144,7 +145,8 @@ def pieces(A, x, routes, probs, counts):
     }
 
 
-def main():
+def main(argv=None):
+    parser(__doc__).parse_args(argv)  # (no options: --help, and a refusal of any other)
     print(f"launches through the driver (ctypes): {_launch._DRIVER is not None}")
     for T, A in SHAPES:
         inputs = case(T, A)
