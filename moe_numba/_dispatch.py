@@ -1,9 +1,10 @@
 """Which backend runs a call, whether its arrays are given and can go there, and what its
 checks depend on.
 
-A call's arrays are either all NumPy arrays (CPU backend) or all CUDA arrays of one library
-(GPU backend). Every object is looked at through :func:`moe_numba._libraries.classify`, the
-one classifier, so an object passes :func:`locate` exactly when an adapter serves it.
+A call's arrays are either all host arrays (NumPy arrays or torch CPU tensors: CPU backend) or
+all CUDA arrays of one library (GPU backend). Every object is looked at through
+:func:`moe_numba._libraries.classify`, the one classifier, so an object passes :func:`locate`
+exactly when an adapter serves it.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ def _name_of(x):
 def _refusal(name, x):
     """The TypeError for an argument that no adapter serves."""
     return TypeError(
-        f"{name} must be a NumPy array or a CUDA array (torch CUDA tensor, CuPy array, numba "
-        f"device array or other __cuda_array_interface__ object); got {_name_of(x)}"
-        + refusal_hint(name, x)
+        f"{name} must be a NumPy array, a torch CPU tensor or a CUDA array (torch CUDA tensor, "
+        "CuPy array, numba device array or other __cuda_array_interface__ object); got "
+        f"{_name_of(x)}" + refusal_hint(name, x)
     )
 
 
@@ -33,7 +34,9 @@ def check_given(arrays):
     optional = _optional_fields(type(arrays))
     for name, x in zip(arrays._fields, arrays, strict=True):
         if x is None and name not in optional:
-            raise TypeError(f"{name} must be a NumPy array or a CUDA array; got None")
+            raise TypeError(
+                f"{name} must be a NumPy array, a torch CPU tensor or a CUDA array; got None"
+            )
 
 
 @functools.cache

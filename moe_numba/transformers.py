@@ -30,9 +30,19 @@ Importing this module imports torch; importing ``moe_numba`` does not import thi
 
 from __future__ import annotations
 
-import torch
-
 from . import moe_permute, moe_unpermute
+from ._errors import install_extra
+
+try:
+    import torch
+except ModuleNotFoundError as error:
+    if error.name != "torch":
+        raise
+    raise ModuleNotFoundError(
+        "moe_numba.transformers needs torch (and transformers>=5): "
+        + install_extra("transformers"),
+        name="torch",
+    ) from error
 
 __all__ = ["experts_forward", "register"]
 
@@ -85,8 +95,7 @@ def register(name: str = NAME) -> str:
     except ImportError as error:
         raise ImportError(
             "moe_numba.transformers.register needs transformers>=5 "
-            "(transformers.integrations.moe.ExpertsInterface): "
-            "pip install 'moe-numba[transformers]'"
+            "(transformers.integrations.moe.ExpertsInterface): " + install_extra("transformers")
         ) from error
     ExpertsInterface.register(name, experts_forward)
     return name

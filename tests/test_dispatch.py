@@ -60,7 +60,9 @@ def test_one_classifier_serves_dispatch_and_lookup():
     assert locate({"a": cuda_object}) == "cuda"
     for refused in (_DLPackOnlyCudaArray(), [1.0, 2.0], 3.0):
         assert classify(refused) is None
-        with pytest.raises(TypeError, match="a must be a NumPy array or a CUDA array"):
+        with pytest.raises(
+            TypeError, match="^a must be a NumPy array, a torch CPU tensor or a CUDA array "
+        ):
             locate({"a": refused})
         with pytest.raises(TypeError, match="no array library of moe-numba serves"):
             array_library(refused)
@@ -83,7 +85,7 @@ def test_dlpack_only_cuda_array_is_refused_by_name():
     args["expert_prob_topk"] = _DLPackOnlyCudaArray()
     with pytest.raises(
         TypeError,
-        match=r"expert_prob_topk must be a NumPy array or a CUDA array .*; got "
+        match=r"expert_prob_topk must be a NumPy array, a torch CPU tensor or a CUDA array .*; got "
         r"test_dispatch._DLPackOnlyCudaArray \(a CUDA array known only through DLPack: pass it "
         r"as a torch tensor or a CuPy array, e.g. torch.from_dlpack\(expert_prob_topk\)",
     ):
