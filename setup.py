@@ -119,7 +119,7 @@ class ParallelBuildExt(build_ext):
 
     def finalize_options(self):
         if self.parallel is None:  # no -j given
-            self.parallel = build_jobs()
+            self.parallel = JOBS
         super().finalize_options()
 
     def build_extensions(self):
@@ -179,6 +179,7 @@ def _read(path):
         return None
 
 
+JOBS = build_jobs()  # (read first: a bad value stops the build before Cython runs)
 omp, why = openmp_flags()
 say(
     f"moe_cpu's OpenMP {'enabled' if omp else 'NOT used'} ({why})"

@@ -163,7 +163,9 @@ def test_cuda_arrays_without_numba_cuda_name_the_extra(monkeypatch):
 
     monkeypatch.setattr(_gpu, "_BACKEND", None)
     monkeypatch.setitem(sys.modules, "numba", None)
-    with pytest.raises(GPUUnavailableError, match=r"pip install 'moe-numba\[gpu\]'"):
+    with pytest.raises(
+        GPUUnavailableError, match=r"pip install -e '\.\[gpu\]' in the moe-numba checkout"
+    ):
         _gpu.gpu_backend()
 
 
@@ -181,6 +183,7 @@ def test_missing_cuda_compiler_libraries_name_the_extra():
     with pytest.raises(
         GPUUnavailableError,
         match=r"cannot compile the GPU kernel gather: "
-        r"libNVVM cannot be found; install the GPU extra.*moe-numba\[gpu\]",
+        r"libNVVM cannot be found; install the GPU extra.*pip install -e '\.\[gpu\]' in the "
+        r"moe-numba checkout",
     ):
         kernel.cu_kernel(0)

@@ -161,7 +161,8 @@ def test_cuda_arrays_without_numba_raise_gpu_unavailable():
 
 
 def test_a_bad_build_job_count_is_refused():
-    """``MOE_BUILD_JOBS`` must be a whole number of at least 1; the build says so."""
+    """``MOE_BUILD_JOBS`` must be a whole number of at least 1; the build says so, before
+    Cython runs (which would regenerate the tree's C files)."""
     pytest.importorskip("Cython", reason="setup.py needs Cython (the build requirements)")
     done = subprocess.run(
         [sys.executable, "setup.py", "-q", "build_ext"],  # refused before it compiles
@@ -173,6 +174,7 @@ def test_a_bad_build_job_count_is_refused():
     )
     assert done.returncode != 0
     assert "MOE_BUILD_JOBS: expected a whole number of at least 1; got 'zero'" in done.stderr
+    assert "Cythonizing" not in done.stdout + done.stderr
 
 
 def test_the_test_extra_has_the_build_requirements():
@@ -203,6 +205,11 @@ def test_an_unchanged_build_is_kept(tmp_path):
         shutil.copy2(os.path.join(ROOT, name), tree / name)
     for path in kept:
         shutil.copytree(path, tree / os.path.relpath(path, ROOT))
+    # the C files as the last build compiled them: Cython regenerates one whose .pxd files
+    # are newer (a venv installed after the build), and its table of file names then names
+    # this interpreter's Cython, which differs from the build's (another fingerprint)
+    for path in tree.glob("moe_*/**/*.c"):
+        os.utime(path)
     done = subprocess.run(
         [sys.executable, "setup.py", "build_ext"],
         cwd=tree,

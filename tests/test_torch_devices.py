@@ -24,11 +24,26 @@ from moe_numba import (
 )
 
 NUM_TOKENS, NUM_EXPERTS = 7, 4
+# each op's tensor arguments, in the order of its custom op's schema
+TENSORS = {
+    "moe_permute": "hidden_states scale expert_routemap_topk expert_prob_topk",
+    "moe_unpermute": "hidden_states_unzipped zipped_expertwise_rowmap expert_routemap_topk "
+    "token_prob_unzipped",
+    "moe_permute_backward": "grad_hidden_states_unzipped grad_token_prob_unzipped "
+    "zipped_expertwise_rowmap expert_routemap_topk",
+    "moe_unpermute_backward": "grad_hidden_states grad_expert_prob_topk hidden_states_unzipped "
+    "zipped_expertwise_rowmap expert_routemap_topk token_prob_unzipped",
+    "moe_sort_chunks": "x probs",
+}
+FUNCTIONS = {
+    f.__name__: f
+    for f in (moe_permute, moe_unpermute, moe_permute_backward, moe_unpermute_backward)
+} | {"moe_sort_chunks": moe_sort_chunks}
 
 
 def _case():
     """Every op's valid CPU arguments, from one routing case: name -> (function, tensors,
-    other keyword arguments, the custom op and its positional arguments from the tensors)."""
+    other keyword arguments, ``call(tensors, validate)`` of its custom op)."""
     case = routing(3, num_tokens=NUM_TOKENS, num_experts=NUM_EXPERTS)
     x, routes, probs = (
         to_torch(case[k], "cpu")
@@ -40,78 +55,38 @@ def _case():
         x, scale, routes, probs, NUM_EXPERTS, counts, alignment
     )
     num_rows = rows.shape[0]
-    permute_scalars = dict(
-        num_experts=NUM_EXPERTS, tokens_per_expert=counts, padding_alignment=alignment
-    )
-    unpermute_scalars = dict(total_zipped_tokens=NUM_TOKENS, num_experts=NUM_EXPERTS)
-    return {
+    values = dict(
+        hidden_states=x, scale=scale, expert_routemap_topk=routes, expert_prob_topk=probs,
+        hidden_states_unzipped=rows, zipped_expertwise_rowmap=rowmap,
+        token_prob_unzipped=row_probs, grad_hidden_states_unzipped=rows,
+        grad_token_prob_unzipped=row_probs, grad_hidden_states=x, grad_expert_prob_topk=probs,
+        x=x, probs=probs[:, 0].contiguous(),
+    )  # fmt: skip
+    ops = torch.ops.moe_numba
+    # do_gather, using_ue8m0_scale, return_expert_indices, override_buffer_size
+    flags = (True, False, False, -1)
+    scalars_and_ops = {
         "moe_permute": (
-            moe_permute,
-            dict(
-                hidden_states=x,
-                scale=scale,
-                expert_routemap_topk=routes,
-                expert_prob_topk=probs,
-            ),
-            permute_scalars,
-            lambda t, validate: torch.ops.moe_numba.permute(
-                *t.values(),
-                NUM_EXPERTS,
-                counts,
-                alignment,
-                True,
-                False,
-                False,
-                -1,
-                validate,
-                False,
-            ),  # fmt: skip
+            dict(num_experts=NUM_EXPERTS, tokens_per_expert=counts, padding_alignment=alignment),
+            lambda t, v: ops.permute(*t.values(), NUM_EXPERTS, counts, alignment, *flags, v, False),
         ),
         "moe_unpermute": (
-            moe_unpermute,
-            dict(
-                hidden_states_unzipped=rows,
-                zipped_expertwise_rowmap=rowmap,
-                expert_routemap_topk=routes,
-                token_prob_unzipped=row_probs,
-            ),
-            unpermute_scalars,
-            lambda t, validate: torch.ops.moe_numba.unpermute(
-                *t.values(), NUM_TOKENS, NUM_EXPERTS, True, True, validate
-            ),
+            dict(total_zipped_tokens=NUM_TOKENS, num_experts=NUM_EXPERTS),
+            lambda t, v: ops.unpermute(*t.values(), NUM_TOKENS, NUM_EXPERTS, True, True, v),
         ),
-        "moe_permute_backward": (
-            moe_permute_backward,
-            dict(
-                grad_hidden_states_unzipped=rows,
-                grad_token_prob_unzipped=row_probs,
-                zipped_expertwise_rowmap=rowmap,
-                expert_routemap_topk=routes,
-            ),
-            {},
-            lambda t, validate: torch.ops.moe_numba.permute_backward(*t.values(), validate),
-        ),
+        "moe_permute_backward": ({}, lambda t, v: ops.permute_backward(*t.values(), v)),
         "moe_unpermute_backward": (
-            moe_unpermute_backward,
-            dict(
-                grad_hidden_states=x,
-                grad_expert_prob_topk=probs,
-                hidden_states_unzipped=rows,
-                zipped_expertwise_rowmap=rowmap,
-                expert_routemap_topk=routes,
-                token_prob_unzipped=row_probs,
-            ),
             dict(using_weighted_combine=True, num_rows=num_rows),
-            lambda t, validate: torch.ops.moe_numba.unpermute_backward(
-                *t.values(), True, num_rows, validate
-            ),
+            lambda t, v: ops.unpermute_backward(*t.values(), True, num_rows, v),
         ),
         "moe_sort_chunks": (
-            moe_sort_chunks,
-            dict(x=x, probs=probs[:, 0].contiguous()),
             dict(split_sizes=[3, 4], order=[1, 0]),
-            lambda t, validate: torch.ops.moe_numba.sort_chunks(t["x"], [3, 4], [1, 0], t["probs"]),
+            lambda t, v: ops.sort_chunks(t["x"], [3, 4], [1, 0], t["probs"]),
         ),
+    }
+    return {
+        op: (FUNCTIONS[op], {n: values[n] for n in TENSORS[op].split()}, scalars, call)
+        for op, (scalars, call) in scalars_and_ops.items()
     }
 
 
