@@ -10,8 +10,18 @@ checked; slower, for ``tox -e cpu-debug``).
 The extensions are compiled in parallel, one C compiler process per CPU this process may run
 on (``MOE_BUILD_JOBS=N`` or ``build_ext -j N`` sets the count), and each one's start and
 finish is printed to stderr, which pip shows with ``pip install -v``.
+
+Each compiled extension is kept in ``build/<kind of build>/kept/`` with a fingerprint of what
+it was compiled from (its C source, which records the Cython version and the compile flags;
+the headers and ``.pxd`` files it depends on; the compiler and its flags), and a later build
+with the same fingerprint copies it instead of compiling again. ``pip install -e`` compiles in
+a new temporary directory every time, and its fresh build environment makes Cython regenerate
+every C file (its own ``.pxd`` files are newer), so timestamps cannot tell; without this every
+install, of an extra that adds only dependencies say, compiled all eight again.
+``build_ext --force`` (or deleting ``build/``) compiles every one.
 """
 
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -95,42 +105,89 @@ def build_jobs():
     return jobs
 
 
+def say(message):
+    """One line on stderr, written at once: the extensions compile on several threads, and
+    ``print`` writes a line's text and its end separately, so two lines could run together."""
+    sys.stderr.write(f"moe-numba build: {message}\n")
+    sys.stderr.flush()
+
+
 class ParallelBuildExt(build_ext):
-    """``build_ext`` that compiles the extensions in parallel by default and says, on
-    stderr, when each one starts and ends (a build on one slow core otherwise looks hung)."""
+    """``build_ext`` that compiles the extensions in parallel by default, says on stderr
+    when each one starts and ends (a build on one slow core otherwise looks hung), and keeps
+    each compiled extension for the next build (see the module docstring)."""
 
     def finalize_options(self):
         if self.parallel is None:  # no -j given
-            self.parallel = build_jobs()
+            self.parallel = JOBS
         super().finalize_options()
 
     def build_extensions(self):
         jobs = self.parallel if self.parallel and self.parallel is not True else cpu_count()
-        print(
-            f"moe_cpu: compiling {len(self.extensions)} C extensions, {jobs} at a time "
-            "(C compiler: the CC environment variable, else Python's)",
-            file=sys.stderr,
-            flush=True,
+        say(
+            f"{len(self.extensions)} C extensions, compiled {jobs} at a time where their "
+            "sources changed (C compiler: the CC environment variable, else Python's)"
         )
         super().build_extensions()
 
     def build_extension(self, ext):
+        target = self.get_ext_fullpath(ext.name)
+        kept = os.path.join(KEPT, self.get_ext_filename(ext.name))  # (the ABI tag included)
+        stamp = fingerprint(ext)
+        if not self.force and _read(kept + ".fingerprint") == stamp and os.path.exists(kept):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy2(kept, target)
+            say(f"kept {ext.name}: compiled before from the same sources ({kept})")
+            return
         start = time.perf_counter()
-        print(f"moe_cpu: compiling {ext.name} ...", file=sys.stderr, flush=True)
+        say(f"compiling {ext.name} ...")
         super().build_extension(ext)
-        took = time.perf_counter() - start
-        print(f"moe_cpu: compiled {ext.name} in {took:.0f} s", file=sys.stderr, flush=True)
+        os.makedirs(os.path.dirname(kept), exist_ok=True)
+        shutil.copy2(target, kept)
+        with open(kept + ".fingerprint", "w") as f:
+            f.write(stamp)
+        say(f"compiled {ext.name} in {time.perf_counter() - start:.0f} s")
 
 
+def fingerprint(ext):
+    """What a compiled extension depends on, hashed: the contents of its sources and of the
+    files it depends on, its compile and link settings, the compiler and its flags."""
+    digest = hashlib.sha256()
+    for path in sorted({*ext.sources, *ext.depends}):
+        with open(path, "rb") as f:
+            digest.update(path.encode() + b"\0" + f.read() + b"\0")
+    settings = (
+        ext.extra_compile_args,
+        ext.extra_link_args,
+        ext.libraries,
+        ext.include_dirs,
+        ext.define_macros,
+        *(os.environ.get(name) for name in ("CC", "CFLAGS", "CPPFLAGS", "LDSHARED", "LDFLAGS")),
+        sysconfig.get_config_var("CC"),
+        sysconfig.get_config_var("CFLAGS"),
+    )
+    digest.update(repr(settings).encode())
+    return digest.hexdigest()
+
+
+def _read(path):
+    """The text of the file at ``path``, or None where there is none."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+JOBS = build_jobs()  # (read first: a bad value stops the build before Cython runs)
 omp, why = openmp_flags()
-print(
-    f"moe_cpu: OpenMP {'enabled' if omp else 'NOT used'} ({why})"
-    + ("" if omp else " -> prange loops run serially"),
-    file=sys.stderr,
+say(
+    f"moe_cpu's OpenMP {'enabled' if omp else 'NOT used'} ({why})"
+    + ("" if omp else ": prange loops run serially")
 )
 debug = switch("MOE_CYTHON_DEBUG", False)
 if debug:
-    print("moe_cpu: MOE_CYTHON_DEBUG: memoryview indexing is bounds-checked", file=sys.stderr)
+    say("MOE_CYTHON_DEBUG: memoryview indexing is bounds-checked")
 
 # Each kind of build has its own build directory: the generated C and the compiled objects
 # do not record the switches they were made with, and a build reuses whatever looks up to
@@ -138,6 +195,7 @@ if debug:
 # default's extensions. The debug build's C (other directives) stays out of the source tree.
 variant = "-".join(name for name, on in (("serial", not omp), ("debug", debug)) if on)
 build_base = os.path.join("build", variant or "default")
+KEPT = os.path.join(build_base, "kept")  # the compiled extensions of this kind of build
 
 # -ffp-contract=off: the combine must round exactly where the contract says (explicit fmaf only).
 compile_args = ["-O3", "-ffp-contract=off", *omp]

@@ -12,6 +12,7 @@ import importlib.util
 import sys
 
 from moe_numba.__main__ import backend_option, check_fits, check_topk, choose_target
+from moe_numba._errors import install_extra
 
 from . import cases, environment, footprint, peers, records
 from .compare import check_same_card
@@ -82,7 +83,7 @@ def settings(parser, args, choose=choose, argv=()):
         if getattr(args, option):
             check_writable(parser, f"--{option}", getattr(args, option))
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        parser.error("argument --plot: needs matplotlib: pip install 'moe-numba[bench]'")
+        parser.error(f"argument --plot: needs matplotlib: {install_extra('bench')}")
     if args.peers or args.peers_cache or args.gradients:
         target = peers.peer_target(parser, args)
     else:

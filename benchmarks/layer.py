@@ -39,6 +39,8 @@ import argparse
 import math
 import sys
 
+from moe_numba._errors import install_extra
+
 from . import environment, records
 from .options import (
     LIMITS,
@@ -183,7 +185,7 @@ def parse_args(argv=None):
     try:
         from transformers.integrations.moe import ExpertsInterface  # noqa: F401
     except ImportError:
-        command.error("needs transformers>=5: pip install 'moe-numba[transformers]'")
+        command.error(f"needs transformers>=5: {install_extra('transformers')}")
     return args
 
 

@@ -14,6 +14,7 @@ import os
 from moe_numba.__main__ import LIMITS as SHAPE_LIMITS
 from moe_numba.__main__ import MEANINGS as SHAPE_MEANINGS
 from moe_numba.__main__ import add_number
+from moe_numba._errors import install_extra
 
 # (minimum, maximum) of each integer option; the upper bounds catch typos
 LIMITS = {
@@ -79,7 +80,7 @@ def torch_cuda_problem():
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
-        return "torch is not installed: pip install 'moe-numba[gpu,torch]'"
+        return f"torch is not installed: {install_extra('gpu,torch')}"
     import torch
 
     if not torch.cuda.is_available():

@@ -33,8 +33,8 @@ def capacities_from(tokens_per_expert, num_experts):
     library = classify(tokens_per_expert)
     if (library is not None and library.location == "cuda") or dlpack_cuda(tokens_per_expert):
         raise TypeError(
-            "tokens_per_expert must be a host sequence of ints (list, tuple or NumPy array); "
-            f"got a CUDA array ({type(tokens_per_expert).__name__}); use "
+            "tokens_per_expert must be a host sequence of ints (list, tuple, NumPy array or "
+            f"torch CPU tensor); got a CUDA array ({type(tokens_per_expert).__name__}); use "
             "override_buffer_size to count on the device"
         )
     try:

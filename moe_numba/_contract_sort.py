@@ -102,8 +102,8 @@ def host_ints(name, values):
         raise TypeError(f"{name} must be a sequence of ints; got {type(values).__name__}")
     if is_device_array(values) or dlpack_cuda(values):
         raise TypeError(
-            f"{name} must be a host sequence of ints (list, tuple or NumPy array); got a CUDA "
-            f"array ({type(values).__name__})"
+            f"{name} must be a host sequence of ints (list, tuple, NumPy array or torch CPU "
+            f"tensor); got a CUDA array ({type(values).__name__})"
         )
     if isinstance(values, (list, tuple)) and all(
         isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in values

@@ -6,9 +6,15 @@ class GPUUnavailableError(RuntimeError):
     and what to install."""
 
 
+def install_extra(extra):
+    """The command that installs the optional dependencies ``extra``: from the checkout, as
+    moe-numba is not on PyPI yet."""
+    return f"pip install -e '.[{extra}]' in the moe-numba checkout (it is not on PyPI yet)"
+
+
 INSTALL_GPU_EXTRA = (
     "install the GPU extra, which brings the CUDA compiler libraries numba needs (NVVM, "
-    "NVRTC, nvJitLink): pip install 'moe-numba[gpu]'"
+    "NVRTC, nvJitLink): " + install_extra("gpu")
 )
 
 

@@ -30,11 +30,22 @@ Importing this module imports torch; importing ``moe_numba`` does not import thi
 
 from __future__ import annotations
 
-import torch
+from ._errors import install_extra
 
-from ._contract import PermuteArrays, PermuteScalars, UnpermuteArrays, UnpermuteScalars
-from ._ops import PERMUTE, UNPERMUTE
-from .torch import _front
+try:
+    import torch
+except ModuleNotFoundError as error:
+    if error.name != "torch":
+        raise
+    raise ModuleNotFoundError(
+        "moe_numba.transformers needs torch (and transformers>=5): "
+        + install_extra("transformers"),
+        name="torch",
+    ) from error
+
+from ._contract import PermuteArrays, PermuteScalars, UnpermuteArrays, UnpermuteScalars  # noqa: E402
+from ._ops import PERMUTE, UNPERMUTE  # noqa: E402
+from .torch import _front  # noqa: E402
 
 __all__ = ["experts_forward", "register"]
 
@@ -87,8 +98,7 @@ def register(name: str = NAME) -> str:
     except ImportError as error:
         raise ImportError(
             "moe_numba.transformers.register needs transformers>=5 "
-            "(transformers.integrations.moe.ExpertsInterface): "
-            "pip install 'moe-numba[transformers]'"
+            "(transformers.integrations.moe.ExpertsInterface): " + install_extra("transformers")
         ) from error
     ExpertsInterface.register(name, experts_forward)
     return name
@@ -112,9 +122,10 @@ def experts_forward(
     ``torch._grouped_mm`` multiplies the expert blocks where it can (bfloat16, float16 or
     float32 tensors whose strides are multiples of 16 bytes; under ``torch.compile``, float16
     and float32 go through an opaque custom op that calls it, as its compiled form takes only
-    bfloat16). Elsewhere (odd widths, a GPU before compute capability 8.0, a torch without
-    it) each expert's block is multiplied on its own, which needs the offsets on the host:
-    one device-to-host copy per call, and a graph break under ``torch.compile``.
+    bfloat16). Elsewhere (widths that are not a multiple of 16 bytes, width 1 among them, a
+    GPU before compute capability 8.0, a torch without it) each expert's block is multiplied
+    on its own, which needs the offsets on the host: one device-to-host copy per call, and a
+    graph break under ``torch.compile``.
 
     Parameters
     ----------
@@ -336,9 +347,14 @@ def _grouped_mm_runs(rows, weight):
     if weight.device.type == "cuda" and not _ampere_or_newer(weight.device.index):
         return False
     size = rows.element_size()
-    # the output's rows (and the backward's gradient rows) are weight.shape[-1] wide
-    strides = (*rows.stride(), *weight.stride(), weight.shape[-1])
-    return all(s == 1 or (s * size) % 16 == 0 for s in strides)
+    # torch._grouped_mm needs each matrix's leading stride (the one that is not its unit
+    # stride) to be a multiple of 16 bytes. Every matrix of the call and of its backward is
+    # rows.shape[-1] or weight.shape[-1] wide, so both widths must be, width 1 too: a [R, 1]
+    # matrix's strides are both 1, and torch takes the row stride 1 as the leading one.
+    widths = (rows.shape[-1], weight.shape[-1])
+    if any((w * size) % 16 for w in widths):
+        return False
+    return all(s == 1 or (s * size) % 16 == 0 for s in (*rows.stride(), *weight.stride()))
 
 
 _AMPERE_OR_NEWER: dict[int, bool] = {}  # CUDA device index -> compute capability >= 8.0

@@ -38,6 +38,9 @@ class Case:
     bad_rank: int | None = None  # this rank's routing map gets an id outside [-1, E)
     probs_in_experts: bool = True  # the expert function uses the probabilities
     strided_out: bool = False  # the expert function returns rows that are not contiguous
+    # the inputs (of "x", "routemap", "probs") that rank strided_rank passes as strided views
+    strided: tuple[str, ...] = ()
+    strided_rank: int = 0
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -107,6 +110,12 @@ def _leaves(case, x, probs, weights):
     )
 
 
+def strided(tensor):
+    """The values of a 2-D ``tensor`` as a strided view (a column slice of a wider tensor,
+    not C-contiguous where there are two rows or more); differentiable in ``tensor``."""
+    return torch.cat([tensor, tensor], 1)[:, : tensor.shape[1]]
+
+
 def one_process(case, x, routemap, probs, dy, weights, flags):
     """The reference: one process, the whole batch, every expert, forward and backward;
     its output and its leaves (x, probs, weights) holding the gradients."""
@@ -157,15 +166,20 @@ def run_case(case, rank, group=None):
         lx, lp, lw = _leaves(case, x[mine], probs[mine], weights)
         experts = local_experts(case.num_experts, group)
         seen = []
+        inputs = {"x": lx, "routemap": routemap[mine], "probs": lp}
+        if rank == case.strided_rank:
+            inputs.update({name: strided(inputs[name]) for name in case.strided})
         y = expert_parallel_moe(
-            lx,
-            routemap[mine],
-            lp,
+            inputs["x"],
+            inputs["routemap"],
+            inputs["probs"],
             elementwise_experts(lw, experts.start, case, seen),
             case.num_experts,
             group=group,
             **flags,
         )
+        if rank == case.strided_rank:
+            results["inputs strided"] = not any(inputs[n].is_contiguous() for n in case.strided)
         y.backward(dy[mine])
         outputs.append((_bits(y), _bits(lx.grad), _bits(lp.grad), lw.grad.clone()))
         results["expert_fn called once"] = len(seen) == 1
@@ -273,6 +287,40 @@ def run_failure(failure, rank, group=None):
     return {"type": None, "message": "", "seconds": _since(start)}
 
 
+@dataclass(frozen=True)
+class Outsider:
+    """Every rank makes a group of rank 0 alone; rank 0 runs the layer in it, the other
+    ranks call :func:`local_experts` and the layer with it, which must refuse them at once."""
+
+    name: str
+
+
+def run_outsider(case, rank, group=None):
+    """This rank's verdicts for an :class:`Outsider` case."""
+    from moe_numba.torch.distributed import expert_parallel_moe, local_experts
+
+    alone = dist.new_group([0])  # (every rank of the world makes it)
+    x, routemap, probs = torch.ones(3, 4), torch.tensor([[0], [1], [3]]), torch.ones(3, 1)
+    results = {}
+    for call in ("local_experts", "layer"):
+        start = time.perf_counter()
+        try:
+            if call == "local_experts":
+                got = local_experts(4, alone)
+            else:
+                got = expert_parallel_moe(x, routemap, probs, lambda r, c, p: r * 2, 4, group=alone)
+        except ValueError as error:
+            results[call] = {"type": "ValueError", "message": str(error), "got": None}
+        else:
+            results[call] = {"type": None, "message": "", "got": _shown(got)}
+        results[call]["seconds"] = _since(start)
+    return results
+
+
+def _shown(value):
+    return repr(value) if isinstance(value, range) else value.tolist()
+
+
 def _since(start):
     return time.perf_counter() - start
 
@@ -288,15 +336,19 @@ def _exit_cleanly(queue):
     os._exit(0)
 
 
-def worker(rank, ranks, port, cases, queue):
-    """One process of the group: every case in turn, verdicts to ``queue``; stops by itself."""
+RUNS = {Failure: run_failure, Outsider: run_outsider, Case: run_case}
+
+
+def worker(rank, ranks, port, cases, queue, timeout=60):
+    """One process of the group: every case in turn, verdicts to ``queue``; stops by itself.
+    ``timeout``: the process group's, in seconds (what a collective waits for a peer)."""
     from benchmarks.distributed import join_local_group
 
     try:
-        join_local_group(rank, ranks, port, timeout=60, threads=1)  # several per core here
+        join_local_group(rank, ranks, port, timeout=timeout, threads=1)  # several per core
         for case in cases:
             try:
-                run = run_failure if isinstance(case, Failure) else run_case
+                run = RUNS[type(case)]
                 queue.put((case.name, rank, run(case, rank)))
             except Exception:
                 queue.put((case.name, rank, {"error": traceback.format_exc()}))

@@ -108,7 +108,8 @@ MAP_ERRORS = [
         "rowmap a list",
         change(zipped_expertwise_rowmap=lambda x: x.tolist()),
         TypeError,
-        "zipped_expertwise_rowmap must be a NumPy array or a CUDA array .*got builtins.list",
+        "zipped_expertwise_rowmap must be a NumPy array, a torch CPU tensor or a CUDA array .*got "
+        "builtins.list",
     ),
 ]
 

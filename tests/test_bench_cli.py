@@ -104,7 +104,7 @@ def test_compare_refuses_a_record_of_another_card(tmp_path, capsys):
 
 def test_plot_needs_matplotlib(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as when it is not installed
-    message = r"argument --plot: needs matplotlib: pip install 'moe-numba\[bench\]'$"
+    message = r"argument --plot: needs matplotlib: pip install -e '.\[bench\]' in the moe-numba"
     _refused(["--plot", "sweep.png"], message, capsys)
 
 

@@ -58,7 +58,10 @@ def test_refused_without_a_gpu(cache_home, capsys):
 
 def test_refused_without_torch(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # as when torch is not installed
-    assert torch_cuda_problem() == "torch is not installed: pip install 'moe-numba[gpu,torch]'"
+    assert torch_cuda_problem() == (
+        "torch is not installed: pip install -e '.[gpu,torch]' in the moe-numba checkout (it is "
+        "not on PyPI yet)"
+    )
 
 
 @pytest.mark.parametrize(

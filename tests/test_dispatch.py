@@ -60,10 +60,24 @@ def test_one_classifier_serves_dispatch_and_lookup():
     assert locate({"a": cuda_object}) == "cuda"
     for refused in (_DLPackOnlyCudaArray(), [1.0, 2.0], 3.0):
         assert classify(refused) is None
-        with pytest.raises(TypeError, match="a must be a NumPy array or a CUDA array"):
+        with pytest.raises(
+            TypeError, match="^a must be a NumPy array, a torch CPU tensor or a CUDA array "
+        ):
             locate({"a": refused})
         with pytest.raises(TypeError, match="no array library of moe-numba serves"):
             array_library(refused)
+
+
+def test_meta_tensors_have_a_location_but_no_backend():
+    """A meta tensor is classified (so that a mix with data tensors names both devices), but
+    no backend runs meta tensors alone: the custom ops' fake kernels give their outputs."""
+    torch = pytest.importorskip("torch")
+    meta = torch.zeros(2, device="meta")
+    assert classify(meta).location == "meta"
+    with pytest.raises(TypeError, match="^a is a meta tensor, which holds no data"):
+        locate({"a": meta, "b": torch.zeros(2, device="meta")})
+    with pytest.raises(TypeError, match=r"^a is on cpu but b is on meta \(a meta tensor holds"):
+        locate({"a": np.zeros(2), "b": meta})
 
 
 def test_dlpack_only_cuda_array_is_refused_by_name():
@@ -71,7 +85,7 @@ def test_dlpack_only_cuda_array_is_refused_by_name():
     args["expert_prob_topk"] = _DLPackOnlyCudaArray()
     with pytest.raises(
         TypeError,
-        match=r"expert_prob_topk must be a NumPy array or a CUDA array .*; got "
+        match=r"expert_prob_topk must be a NumPy array, a torch CPU tensor or a CUDA array .*; got "
         r"test_dispatch._DLPackOnlyCudaArray \(a CUDA array known only through DLPack: pass it "
         r"as a torch tensor or a CuPy array, e.g. torch.from_dlpack\(expert_prob_topk\)",
     ):
@@ -149,7 +163,9 @@ def test_cuda_arrays_without_numba_cuda_name_the_extra(monkeypatch):
 
     monkeypatch.setattr(_gpu, "_BACKEND", None)
     monkeypatch.setitem(sys.modules, "numba", None)
-    with pytest.raises(GPUUnavailableError, match=r"pip install 'moe-numba\[gpu\]'"):
+    with pytest.raises(
+        GPUUnavailableError, match=r"pip install -e '\.\[gpu\]' in the moe-numba checkout"
+    ):
         _gpu.gpu_backend()
 
 
@@ -167,6 +183,7 @@ def test_missing_cuda_compiler_libraries_name_the_extra():
     with pytest.raises(
         GPUUnavailableError,
         match=r"cannot compile the GPU kernel gather: "
-        r"libNVVM cannot be found; install the GPU extra.*moe-numba\[gpu\]",
+        r"libNVVM cannot be found; install the GPU extra.*pip install -e '\.\[gpu\]' in the "
+        r"moe-numba checkout",
     ):
         kernel.cu_kernel(0)

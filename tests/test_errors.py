@@ -105,7 +105,8 @@ PERMUTE_ERRORS = [
         "hidden a list",
         setter(hidden_states=[[1.0, 2.0]]),
         TypeError,
-        "hidden_states must be a NumPy array or a CUDA array .*got builtins.list",
+        "hidden_states must be a NumPy array, a torch CPU tensor or a CUDA array .*got "
+        "builtins.list",
     ),
     (
         "routemap dtype",

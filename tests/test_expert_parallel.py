@@ -21,6 +21,7 @@ from _expert_parallel_cases import (  # noqa: E402
     TIMEOUT,
     Case,
     Failure,
+    Outsider,
     nccl_worker,
     timeout_worker,
     worker,
@@ -219,13 +220,15 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _run_group(ranks, cases=None, target=worker):
-    """Start ``ranks`` processes on every case of that size; their verdicts by case."""
+def _run_group(ranks, cases=None, target=worker, timeout=60, deadline=DEADLINE):
+    """Start ``ranks`` processes on every case of that size; their verdicts by case.
+    ``timeout``: the process group's (seconds a collective waits for a peer); ``deadline``:
+    the seconds the whole group may take, process start-up included."""
     cases = CASES[ranks] if cases is None else cases
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     port = _free_port()
-    arguments = (port, cases, queue) if target is worker else (port, queue)
+    arguments = (port, cases, queue, timeout) if target is worker else (port, queue)
     stop = context.Event()  # set once rank 0 has ended: timeout_worker's idle rank may end
     if target is timeout_worker:
         arguments += (stop,)
@@ -237,7 +240,7 @@ def _run_group(ranks, cases=None, target=worker):
         p.start()
     verdicts = {case.name: {} for case in cases}
     expected = len(cases) * ranks
-    deadline = time.monotonic() + DEADLINE
+    deadline = time.monotonic() + deadline
     received = 0
     try:
         while received < expected:
@@ -329,6 +332,67 @@ def test_a_rank_that_never_calls_times_out():
     waited = per_rank[0]
     assert waited["type"] is not None and "error" not in waited, waited
     assert TIMEOUT - 0.5 <= waited["seconds"] < TIMEOUT + SECONDS, waited
+    assert exitcodes == [0, 0]
+
+
+# One rank's layout (issue 43): strided inputs on one rank only must not strand the others,
+# and a rank outside the group is refused at once. Their own group, with a short timeout: a
+# rank left waiting in a collective fails its case within LAYOUT_TIMEOUT seconds, and the
+# group within LAYOUT_DEADLINE, process start-up included.
+LAYOUT_TIMEOUT = 15
+LAYOUT_DEADLINE = 150
+STRIDED = [
+    Case(f"{', '.join(inputs)} strided on rank {rank}", (4, 5), 4, 2, strided=inputs,
+         strided_rank=rank, seed=11 + rank)
+    for inputs, rank in (
+        (("x",), 1),
+        (("routemap",), 0),
+        (("probs",), 1),
+        (("x", "routemap", "probs"), 0),
+    )
+]  # fmt: skip
+OUTSIDER = Outsider("a rank outside group")
+
+
+def _layout_verdicts():
+    if "layouts" not in _groups:
+        _groups["layouts"] = _run_group(
+            2, [*STRIDED, OUTSIDER], timeout=LAYOUT_TIMEOUT, deadline=LAYOUT_DEADLINE
+        )
+    return _groups["layouts"]
+
+
+@pytest.mark.parametrize("case", STRIDED, ids=[c.name for c in STRIDED])
+def test_strided_inputs_on_one_rank_give_the_one_process_bits(case):
+    """A strided view is copied to a C-contiguous tensor on the rank that passes it, before
+    anything else: the output and every gradient are the one-process bits on every rank."""
+    verdicts, exitcodes = _layout_verdicts()
+    per_rank = verdicts[case.name]
+    assert sorted(per_rank) == [0, 1], f"exit codes {exitcodes}: {per_rank}"
+    for rank, result in per_rank.items():
+        assert "error" not in result, f"rank {rank}:\n{result['error']}"
+        failed = [check for check, ok in result.items() if not ok]
+        assert not failed, f"rank {rank}: {failed}"
+    assert "inputs strided" in per_rank[case.strided_rank]
+
+
+def test_a_rank_outside_group_is_refused_at_once():
+    verdicts, exitcodes = _layout_verdicts()
+    per_rank = verdicts[OUTSIDER.name]
+    assert sorted(per_rank) == [0, 1], f"exit codes {exitcodes}: {per_rank}"
+    assert "error" not in per_rank[1], per_rank[1]["error"]
+    for call in ("local_experts", "layer"):
+        inside, outside = per_rank[0][call], per_rank[1][call]
+        assert inside["type"] is None, inside
+        assert outside["type"] == "ValueError", outside
+        assert outside["message"].startswith("this rank is not a member of group"), outside
+        assert outside["seconds"] < SECONDS, outside
+    assert per_rank[0]["local_experts"]["got"] == "range(0, 4)"
+    assert per_rank[0]["layer"]["got"] == [[2.0] * 4] * 3
+
+
+def test_the_layout_group_ends_by_itself():
+    _, exitcodes = _layout_verdicts()
     assert exitcodes == [0, 0]
 
 

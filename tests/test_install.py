@@ -1,13 +1,20 @@
 """What an install gives: the CPU backend without the GPU stack, and the build that was asked
 for (OpenMP or serial)."""
 
+import glob
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import moe_cpu
 from moe_numba._environment import switch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Runs in a fresh interpreter: a permute and a weighted unpermute on NumPy arrays, checked bit
 # for bit against the oracle, then the list of what got imported.
@@ -150,18 +157,16 @@ def test_cuda_arrays_without_numba_raise_gpu_unavailable():
     for line in lines:
         assert "WRONG" not in line, line
         assert "GPUUnavailableError: CUDA arrays were passed" in line
-        assert "pip install 'moe-numba[gpu]'" in line
+        assert "pip install -e '.[gpu]' in the moe-numba checkout" in line
 
 
 def test_a_bad_build_job_count_is_refused():
-    """``MOE_BUILD_JOBS`` must be a whole number of at least 1; the build says so."""
-    import pytest
-
+    """``MOE_BUILD_JOBS`` must be a whole number of at least 1; the build says so, before
+    Cython runs (which would regenerate the tree's C files)."""
     pytest.importorskip("Cython", reason="setup.py needs Cython (the build requirements)")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run(
         [sys.executable, "setup.py", "-q", "build_ext"],  # refused before it compiles
-        cwd=root,
+        cwd=ROOT,
         env=dict(os.environ, MOE_BUILD_JOBS="zero"),
         capture_output=True,
         text=True,
@@ -169,3 +174,92 @@ def test_a_bad_build_job_count_is_refused():
     )
     assert done.returncode != 0
     assert "MOE_BUILD_JOBS: expected a whole number of at least 1; got 'zero'" in done.stderr
+    assert "Cythonizing" not in done.stdout + done.stderr
+
+
+def test_the_test_extra_has_the_build_requirements():
+    """The tests that run setup.py need its build requirements in the test venv (pip builds
+    the project in an environment of its own): without them they skip there."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in Python 3.11 and newer")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        config = tomllib.load(f)
+    assert set(config["build-system"]["requires"]) <= set(
+        config["project"]["optional-dependencies"]["test"]
+    )
+
+
+def test_an_unchanged_build_is_kept(tmp_path):
+    """A build from unchanged sources copies the extensions that an earlier build of the
+    same kind kept in build/<kind>/kept instead of compiling them again (pip install -e
+    builds in a new temporary directory every time)."""
+    pytest.importorskip("Cython", reason="setup.py needs Cython (the build requirements)")
+    kept = glob.glob(os.path.join(ROOT, "build", "*", "kept"))
+    if not kept:
+        pytest.skip("no build/*/kept: this tree's extensions were not built by its setup.py")
+    tree = tmp_path / "tree"
+    for name in ("moe_cpu", "moe_numba"):
+        shutil.copytree(
+            os.path.join(ROOT, name), tree / name, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy2(os.path.join(ROOT, name), tree / name)
+    for path in kept:
+        shutil.copytree(path, tree / os.path.relpath(path, ROOT))
+    # the C files as the last build compiled them: Cython regenerates one whose .pxd files
+    # are newer (a venv installed after the build), and its table of file names then names
+    # this interpreter's Cython, which differs from the build's (another fingerprint)
+    for path in tree.glob("moe_*/**/*.c"):
+        os.utime(path)
+    done = subprocess.run(
+        [sys.executable, "setup.py", "build_ext"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    compiled = [line for line in done.stderr.splitlines() if "moe-numba build: compil" in line]
+    assert not compiled, "\n".join(compiled)
+    assert done.stderr.count("moe-numba build: kept ") == 8, done.stderr[-3000:]
+
+
+def test_the_transformers_module_without_torch_says_what_to_install():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['torch'] = None\n"  # `import torch` fails, as uninstalled
+            "try:\n    import moe_numba.transformers\n"
+            "except ModuleNotFoundError as error:\n    print(error.name, '|', error)\n",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "torch | moe_numba.transformers needs torch (and transformers>=5): pip install -e "
+        "'.[transformers]' in the moe-numba checkout (it is not on PyPI yet)"
+    )
+
+
+def test_every_install_command_installs_from_the_checkout():
+    """moe-numba is not on PyPI yet: no command shown to a user installs it by name."""
+    by_name = re.compile(r"pip install [\"']?moe-numba")
+    shown = [
+        os.path.relpath(path, ROOT)
+        for pattern in (
+            "README.md",
+            "docs/*.rst",
+            "moe_numba/**/*.py",
+            "tools/*.py",
+            "benchmarks/*.py",
+        )
+        for path in glob.glob(os.path.join(ROOT, pattern), recursive=True)
+    ]
+    found = []
+    for path in shown:
+        with open(os.path.join(ROOT, path)) as f:
+            found += [f"{path}: {line.strip()}" for line in f if by_name.search(line)]
+    assert len(shown) > 20 and not found, "\n".join(found)

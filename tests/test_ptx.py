@@ -10,7 +10,7 @@ launch instructions on sm_90 only, and the instruction behind each real intrinsi
 
 By default one variant of each kind is compiled; ``MOE_PTX_ALL=1`` compiles every variant
 the host can launch (``tox -e ptx``). The CUDA compiler libraries (NVVM, NVRTC) must be
-installed: ``pip install 'moe-numba[test]'`` brings them; without them these tests fail.
+installed: ``pip install -e '.[test]'`` brings them; without them these tests fail.
 """
 
 import os
@@ -82,7 +82,7 @@ def _compile(fn, signature, cc):
             raise
         pytest.fail(
             f"cannot compile PTX: the CUDA compiler libraries are missing ({error}); "
-            "pip install 'moe-numba[test]' brings them (NVVM, NVRTC)",
+            "pip install -e '.[test]' in the moe-numba checkout brings them (NVVM, NVRTC)",
             pytrace=False,
         )
 
@@ -158,7 +158,7 @@ def test_a_missing_compiler_fails_and_says_what_to_install(monkeypatch):
     with pytest.raises(
         pytest.fail.Exception,
         match=r"CUDA compiler libraries are missing \(libNVVM cannot be found\); "
-        r"pip install 'moe-numba\[test\]'",
+        r"pip install -e '\.\[test\]' in the moe-numba checkout",
     ):
         _compile(lambda: None, nb.void(), (9, 0))
 

@@ -2,6 +2,8 @@
 its set-up and test commands."""
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,3 +45,34 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert "pip install -q -e '.[test]'" in ci
     assert test_command in ci
+
+
+def test_the_cpu_torch_command_installs_the_test_extras_torch():
+    """The README's CPU-wheel command pins the torch that the test extra's range ends at:
+    an installed ``X+cpu`` satisfies ``<=X``, so the extra's install keeps it (a newer build
+    would be replaced by PyPI's CUDA build)."""
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    newest = re.search(r'"torch>=[\d.]+,<=([\d.]+)"', pyproject).group(1)
+    readme = README.read_text()
+    assert f"pip install torch=={newest} --index-url https://download.pytorch.org/whl/cpu" in readme
+    assert f"(`torch>=2.4,<={newest}`:" in readme and f"`{newest}+cpu` satisfies" in readme
+
+
+def _commands(module):
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    return re.findall(r"^    (\w+)\b", done.stdout, flags=re.M)
+
+
+def test_the_readme_names_every_command():
+    """The README's line on the command lines names every command of each, in order."""
+    readme = " ".join(README.read_text().split())
+    assert _commands("moe_numba") == ["demo"]
+    assert "`python -m moe_numba --help` lists the package's command (`demo`)" in readme
+    listed = ", ".join(f"`{c}`" for c in _commands("benchmarks"))
+    assert f"the benchmarks ({listed})" in readme

@@ -77,7 +77,7 @@ def test_none_for_required_array(op, name):
     assert_survived(done, "[")
     kind, message, numba_imported = json.loads(done.stdout.splitlines()[-1])
     assert kind == "TypeError", f"{kind}: {message}"
-    assert message == f"{name} must be a NumPy array or a CUDA array; got None"
+    assert message == f"{name} must be a NumPy array, a torch CPU tensor or a CUDA array; got None"
     assert not numba_imported, "a host call with None imported numba"
 
 
@@ -91,11 +91,15 @@ def test_none_among_torch_tensors():
     rows, rowmap, row_probs, _ = moe_permute(**args)
     args["expert_prob_topk"] = None
     with pytest.raises(
-        TypeError, match=r"^expert_prob_topk must be a NumPy array or a CUDA array; got None$"
+        TypeError,
+        match=r"^expert_prob_topk must be a NumPy array, a torch CPU tensor or a CUDA array; "
+        r"got None$",
     ):
         moe_permute(**args)
     with pytest.raises(
-        TypeError, match=r"^token_prob_unzipped must be a NumPy array or a CUDA array; got None$"
+        TypeError,
+        match=r"^token_prob_unzipped must be a NumPy array, a torch CPU tensor or a CUDA array; "
+        r"got None$",
     ):
         moe_unpermute(rows, rowmap, args["expert_routemap_topk"], None, 4, 4)
 

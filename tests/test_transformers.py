@@ -304,20 +304,27 @@ def test_no_tokens():
     assert out.shape == x.shape
 
 
-def test_widths_that_grouped_mm_refuses_run_expert_by_expert():
-    """An intermediate width of 13 float32 values breaks torch._grouped_mm's 16-byte strides:
-    the experts are multiplied one by one instead, with the same results."""
+@pytest.mark.parametrize(
+    "hidden, intermediate",
+    [(12, 13), (12, 1), (1, 12), (1, 1)],
+    ids=["intermediate 13", "intermediate 1", "hidden 1", "both 1"],
+)
+def test_widths_that_grouped_mm_refuses_run_expert_by_expert(hidden, intermediate):
+    """A width of 13 float32 values breaks torch._grouped_mm's 16-byte strides, and so does a
+    width of one element (a [R, 1] matrix's strides are both 1, which passes a check of "1 or
+    a multiple of 16 bytes" and fails torch's): the experts are multiplied one by one
+    instead, with the same results."""
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts
 
-    config = MixtralConfig(hidden_size=12, intermediate_size=13, num_local_experts=3)
+    config = MixtralConfig(hidden_size=hidden, intermediate_size=intermediate, num_local_experts=3)
     config._experts_implementation = "eager"
     module = MixtralExperts(config)
     generator = torch.Generator().manual_seed(9)
     with torch.no_grad():
         for parameter in module.parameters():
             parameter.copy_(torch.randn(parameter.shape, generator=generator))
-    x = torch.randn(6, 12, generator=generator, requires_grad=True)
+    x = torch.randn(6, hidden, generator=generator, requires_grad=True)
     index = torch.randint(0, 3, (6, 2), generator=generator)
     weights = torch.rand(6, 2, generator=generator)
     assert not mt._grouped_mm_runs(x, module.gate_up_proj.transpose(-2, -1))
@@ -328,6 +335,27 @@ def test_widths_that_grouped_mm_refuses_run_expert_by_expert():
     assert _rel(got, expected) <= RTOL
     for g, e in zip(torch.autograd.grad(got.sum(), inputs), expected_grads, strict=True):
         assert _rel(g, e) <= RTOL
+
+
+def test_a_model_with_experts_one_element_wide():
+    """``moe_intermediate_size=1`` in a whole model (Qwen3-MoE): logits and every gradient
+    as with transformers' eager experts."""
+    from transformers import AutoModelForCausalLM
+
+    config = _hf_families.tiny_config("qwen3_moe")
+    config.moe_intermediate_size = 1
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, experts_implementation="eager").eval()
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, config.vocab_size, (2, 9), generator=generator)
+    weight = torch.randn(2, 9, config.vocab_size, generator=generator)
+    logits, grads = _run(model, ids, weight)
+    model.set_experts_implementation("moe_numba")
+    got_logits, got_grads = _run(model, ids, weight)
+    assert _rel(got_logits, logits) <= RTOL
+    largest = max(g.abs().max().item() for g in grads.values())
+    for name, g in grads.items():
+        assert _rel(got_grads[name], g, GRAD_FLOOR * largest) <= RTOL, name
 
 
 class _PoisonedTail(torch.autograd.Function):

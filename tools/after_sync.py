@@ -17,6 +17,7 @@ import time
 
 import host_time
 import torch
+from _cli import parser
 
 
 def spin(us):
@@ -62,7 +63,8 @@ def waits():
     }
 
 
-def main():
+def main(argv=None):
+    parser(__doc__).parse_args(argv)  # (no options: --help, and a refusal of any other)
     T, A = 256, 16
     inputs = host_time.case(T, A)
     ops = host_time.operations(T, A, *inputs)

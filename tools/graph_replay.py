@@ -16,11 +16,11 @@ the eager calls' bit for bit.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
+from _cli import parser, positive_int
 
 import moe_numba
 
@@ -100,9 +100,9 @@ def measure(T, A):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=256)
-    args = parser.parse_args(argv)
+    options = parser(__doc__)
+    options.add_argument("--tokens", type=positive_int, default=256, help="T (default: 256)")
+    args = options.parse_args(argv)
     print(f"T={args.tokens} H={H} K={K} E={E} bf16")
     print("   A   eager us   graph us   graph outputs")
     ok = True

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _cli import parser
 
 import moe_numba
 
@@ -154,7 +155,8 @@ def pieces(A, x, routes, probs, counts):
     }
 
 
-def main():
+def main(argv=None):
+    parser(__doc__).parse_args(argv)  # (no options: --help, and a refusal of any other)
     from moe_numba.runtime import _launch
 
     print(f"launches through the driver (ctypes): {_launch._DRIVER is not None}")

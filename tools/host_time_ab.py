@@ -15,9 +15,12 @@ and right after a sync, with :mod:`host_time`'s timing.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
+
+from _cli import parser, positive_int
 
 SHAPES = ((256, 16), (256, 1), (16384, 128))  # (T, padding alignment)
 EVERY_OP = (256, 16)  # the shape that times every op (the others: permute, unpermute)
@@ -44,14 +47,20 @@ def one(tag):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--one"]:
-        return one(argv[1])
-    if not argv:
-        sys.exit(__doc__)
-    other, rounds = os.path.abspath(argv[0]), int(argv[1]) if len(argv) > 1 else 3
+    options = parser(__doc__)
+    options.add_argument("other", nargs="?", help="the other tree: its root directory")
+    options.add_argument("rounds", nargs="?", type=positive_int, default=3, help="default: 3")
+    options.add_argument("--one", choices=("this", "other"), help=argparse.SUPPRESS)
+    args = options.parse_args(argv)
+    if args.one is not None:  # (a round's process, started below)
+        return one(args.one)
+    if args.other is None:
+        options.error("the following arguments are required: other")
+    other = os.path.abspath(args.other)
+    if not os.path.isdir(os.path.join(other, "moe_numba")):
+        options.error(f"other: {args.other!r} is not a tree with a moe_numba package")
     here = os.path.abspath(__file__)
-    for _ in range(rounds):
+    for _ in range(args.rounds):
         for tag, path in (("this", None), ("other", other)):
             env = dict(os.environ)
             if path is not None:

@@ -18,6 +18,7 @@ import sys
 import ml_dtypes
 import numpy as np
 import torch
+from _cli import parser
 
 import moe_numba
 from moe_numba import _oracle
@@ -136,7 +137,8 @@ def permute_cases(rng):
     permute_case(rng, 70, 40, 6, 9, 3, bf16, bad=True)  # malformed routing
 
 
-def main():
+def main(argv=None):
+    parser(__doc__).parse_args(argv)  # (no options: --help, and a refusal of any other)
     permute_cases(np.random.default_rng(7))
     rng = np.random.default_rng(8)
     bf16 = ml_dtypes.bfloat16

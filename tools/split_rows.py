@@ -18,10 +18,12 @@ enqueued a batch: it then holds host time.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 import torch
+from _cli import parser
 
 import moe_numba
 from moe_numba.kernels import permute as PM
@@ -111,7 +113,23 @@ def sweep(label, module, name, settings, shapes, ops):
         _replay.clear()
 
 
-def main(names):
+SWEEPS = ("parts", "combine", "one-block")
+
+
+def _sweep(name):
+    """An argparse ``type``: a sweep's name (``choices`` would refuse the empty default)."""
+    if name not in SWEEPS:
+        raise argparse.ArgumentTypeError(f"{name!r} is no sweep; choose from {', '.join(SWEEPS)}")
+    return name
+
+
+def main(argv=None):
+    options = parser(__doc__)
+    options.add_argument(
+        "sweeps", nargs="*", type=_sweep, metavar="SWEEP",
+        help=f"one of {', '.join(SWEEPS)} (default: every one)",
+    )  # fmt: skip
+    names = options.parse_args(argv).sweeps
     large = ((4096, 128), (16384, 128))
     small = ((64, 16), (128, 16), (256, 16), (256, 1))
     sweeps = {
@@ -141,12 +159,9 @@ def main(names):
             ("permute",),
         ),
     }
-    unknown = [name for name in names if name not in sweeps]
-    if unknown:
-        raise SystemExit(f"split_rows.py: unknown sweep {unknown}; choose from {list(sweeps)}")
     for name in names or sweeps:
         sweeps[name]()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -22,7 +22,7 @@ from ._numba import NumbaLibrary, SimulatorLibrary, fake_cuda_array_type
 from ._numpy import NumpyLibrary
 from ._paddle import PaddleCpuLibrary, PaddleLibrary, paddle_tensor_type
 from ._protocol import ML_DTYPE_BITS, ArrayLibrary, DeviceLibrary, dlpack_cuda, loaded_type
-from ._torch import TorchCpuLibrary, TorchLibrary
+from ._torch import TorchCpuLibrary, TorchLibrary, TorchMetaLibrary
 
 __all__ = [
     "GPU_LIBRARIES",
@@ -37,6 +37,7 @@ __all__ = [
     "SimulatorLibrary",
     "TorchCpuLibrary",
     "TorchLibrary",
+    "TorchMetaLibrary",
     "array_library",
     "classify",
     "dlpack_cuda",
@@ -52,7 +53,7 @@ _NAMED = {cls.name: cls for cls in (NumpyLibrary, TorchCpuLibrary, *GPU_LIBRARIE
 _BY_MODULE = {"torch": TorchLibrary, "cupy": CupyLibrary}
 # a tensor type of one library whose adapter depends on the device: (CUDA, CPU) adapters
 _BY_DEVICE = {
-    TorchLibrary: (TorchLibrary, TorchCpuLibrary),
+    TorchLibrary: (TorchLibrary, TorchCpuLibrary, TorchMetaLibrary),
     PaddleLibrary: (PaddleLibrary, PaddleCpuLibrary),
 }
 

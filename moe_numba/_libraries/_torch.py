@@ -124,22 +124,13 @@ class TorchLibrary:
         return int(self.torch.cuda.current_stream(like.device).cuda_stream)
 
 
-class TorchCpuLibrary:
-    """PyTorch CPU tensors: host arrays of the torch path.
-
-    The public functions send every call with torch tensors to the torch custom ops
-    (:mod:`moe_numba.torch`), whose CPU implementations hand the CPU backend NumPy views of
-    the tensors. This adapter serves what comes before that: dispatch and the metadata checks
-    read the tensors' shapes, dtypes, contiguity and device through it, so a torch CPU call is
-    refused or accepted exactly like a NumPy call.
-    """
-
-    name = "torch-cpu"
-    location = "cpu"
+class _TorchHostSide:
+    """What the adapters of torch tensors that the GPU backend does not run share: the
+    metadata reads and the copies, through the one dtype table of :class:`TorchLibrary`."""
 
     @classmethod
     def serves(cls, x):
-        return getattr(getattr(x, "device", None), "type", None) == "cpu"
+        return getattr(getattr(x, "device", None), "type", None) == cls.location
 
     @classmethod
     def usable(cls):
@@ -161,16 +152,47 @@ class TorchCpuLibrary:
         return self._tensors.key(x)
 
     def device(self, x):
-        return "cpu"
+        return self.location
 
     def empty(self, shape, dtype, like):
         return self._tensors.empty(shape, dtype, like)
 
     def from_numpy(self, array, like_or_device=None):
-        return self._tensors.from_numpy(array, self._tensors.torch.device("cpu"))
+        return self._tensors.from_numpy(array, self._tensors.torch.device(self.location))
+
+    def copy(self, dst, src):
+        dst.copy_(src)
+
+
+class TorchCpuLibrary(_TorchHostSide):
+    """PyTorch CPU tensors: host arrays of the torch path.
+
+    The public functions send every call with torch tensors to the torch custom ops
+    (:mod:`moe_numba.torch`), whose CPU implementations hand the CPU backend NumPy views of
+    the tensors. This adapter serves what comes before that: dispatch and the metadata checks
+    read the tensors' shapes, dtypes, contiguity and device through it, so a torch CPU call is
+    refused or accepted exactly like a NumPy call.
+    """
+
+    name = "torch-cpu"
+    location = "cpu"
 
     def to_host(self, x):
         return self._tensors.to_host(x)
 
-    def copy(self, dst, src):
-        dst.copy_(src)
+
+class TorchMetaLibrary(_TorchHostSide):
+    """PyTorch meta tensors: shapes and dtypes without data.
+
+    No backend runs them: torch sends a call with a meta tensor to the custom ops' fake
+    kernels, which give meta outputs when every tensor is a meta tensor. This adapter lets
+    dispatch and the device checks name the device of a meta tensor that comes with tensors
+    holding data (a CPU or CUDA tensor beside it), which is refused: the outputs would be
+    allocated and never written.
+    """
+
+    name = "torch-meta"
+    location = "meta"
+
+    def to_host(self, x):
+        raise TypeError("a meta tensor holds no data: it has no host copy")

@@ -10,8 +10,9 @@ of outputs).
 - The implementation prepares the call in the core and runs it on the tensors' device
   (:func:`._bridge.run_on_tensors`): CUDA tensors as they are, CPU tensors as NumPy views
   with torch-allocated outputs.
-- The fake kernel (also the meta kernel) runs the op's check on the tensors' metadata and
-  allocates the outputs its plan describes, as meta/fake tensors: ``torch.compile`` reports a
+- The fake kernel (also the meta kernel) checks that the tensors are on one device, runs the
+  op's check on their metadata and allocates the outputs its plan describes, as meta/fake
+  tensors: ``torch.compile`` reports a
   bad call while it traces. Ints that the compiler traces (``SymInt``) pass the checks
   unchecked (the compiled code checks their values when it runs); a permute's row count is
   then ``sum_e ceil(n_e / A) * A`` of the traced counts, or ``override_buffer_size``.
@@ -27,6 +28,7 @@ import torch
 
 from .. import _core
 from .._capacities import capacities_from, padded_rows
+from .._dispatch import check_devices
 from .._libraries import is_traced_int
 from .._ops import OPS
 from ._bridge import check_dtypes, metadata, run_on_tensors, stand_ins, torch_dtype
@@ -98,6 +100,9 @@ def _traced(values):
 def _fake(op):
     def fake(*args):
         arrays, scalars, capacities = split(op, args)
+        # (torch runs the fake kernel for any call with a meta tensor among its inputs: a
+        # meta tensor beside tensors that hold data is refused here, as the core would)
+        check_devices(arrays._asdict())
         check_dtypes(arrays)
         # (host values are read as the schema passed them: sizes in a tensor keep only their
         # shape here, wherever the tensor is)

@@ -99,8 +99,10 @@ def local_experts(num_experts: int, group=None) -> range:
     Raises
     ------
     ValueError
-        If the group's size does not divide ``num_experts``.
+        If this rank is not a member of ``group``, or the group's size does not divide
+        ``num_experts``.
     """
+    _check_member(group)
     ranks = dist.get_world_size(group)
     num_experts = check_int("num_experts", num_experts, 1)
     if num_experts % ranks:
@@ -113,13 +115,28 @@ def local_experts(num_experts: int, group=None) -> range:
     return range(first, first + per_rank)
 
 
+def _check_member(group):
+    """``ValueError`` unless this process is a rank of ``group`` (None: the world).
+
+    torch answers -1 for the rank and the size of a group this process is not in, and its
+    collectives return at once there without exchanging anything.
+    """
+    if dist.get_rank(group) < 0:
+        raise ValueError(
+            f"this rank is not a member of group (it is rank {dist.get_rank()} of the world): "
+            "only the group's ranks own experts and call the layer with it"
+        )
+
+
 class LayerTimer:
     """Wall time of each stage of :func:`expert_parallel_moe`, forward and backward, summed
     over calls (``forward[stage]``, ``backward[stage]`` in seconds).
 
     The device is synchronised at every stage boundary, so pass one only when measuring. The
     backward is timed where the rows' gradient crosses a boundary; the probabilities'
-    gradient, computed alongside, counts towards whichever stage is running then.
+    gradient, computed alongside, counts towards whichever stage is running then. A stage
+    whose gradient leaves through no marked tensor (the permute's, or the experts', when
+    ``x`` and ``probs`` need no gradient) ends with the backward pass.
     """
 
     STAGES = ("counts", "permute", "all-to-all", "sort", "experts", "unpermute")
@@ -151,7 +168,13 @@ class LayerTimer:
         if self._last is not None:
             running, start = self._last
             self.backward[running] += now - start
+        elif stage is not None:  # a backward pass enters the layer: close it at its end
+            _engine.queue_callback(lambda: self._reached(None, grad))
         self._last = None if stage is None else (stage, now)
+
+
+# runs a callback when the current backward pass ends (what DDP's reducer uses)
+_engine = torch.autograd.Variable._execution_engine
 
 
 class _Mark(torch.autograd.Function):
@@ -296,6 +319,13 @@ def _check_inputs(x, routemap, probs, expert_fn):
             raise ValueError(f"{name} must be on x's device ({x.device}); got {value.device}")
     if not callable(expert_fn):
         raise TypeError(f"expert_fn must be callable; got {type(expert_fn).__name__}")
+
+
+def _contiguous(*tensors):
+    """``tensors`` C-contiguous (a copy where a tensor is a strided view; autograd carries
+    the gradient back to the view): a layout is no argument the ranks must agree on, and the
+    ops see the same rows as a one-process run."""
+    return tuple(t if t.is_contiguous() else t.contiguous() for t in tensors)
 
 
 def _check_expert_output(out, rows, device):
@@ -466,6 +496,8 @@ def expert_parallel_moe(
     Raises
     ------
     ValueError
+        On this rank alone, at once: this rank is not a member of ``group`` (the group's
+        ranks never wait for it).
         On every rank, naming the rank: ``num_experts`` not a multiple of the group's size,
         a bad routing map (with ``validate``), a bad tensor shape or device, an expert
         output of the wrong shape; or an argument that differs between ranks
@@ -486,7 +518,9 @@ def expert_parallel_moe(
     plus one per agreement on a GPU with ``validate=True``; none in the backward. A rank
     that never calls the layer (or dies, or hangs in ``expert_fn``) leaves the others in a
     collective until the process group's timeout: pass ``timeout=`` to
-    ``init_process_group``. ``expert_fn`` may return non-contiguous rows.
+    ``init_process_group``. ``x``, ``routemap`` and ``probs`` may be strided views, on any
+    rank (they are copied to C-contiguous tensors first, so their layout is no argument the
+    ranks must share), and ``expert_fn`` may return non-contiguous rows.
 
     The result and all gradients equal :func:`single_process_moe` on
     the concatenation of every rank's batch, bit for bit, when ``expert_fn`` treats each row
@@ -495,6 +529,7 @@ def expert_parallel_moe(
     """
     clock = _NoTimer if timer is None else timer
     stage = clock.stage
+    _check_member(group)  # (first: a rank outside the group cannot join its agreement)
     agreeing = _agrees(x, validate)
     failure = None
     try:
@@ -503,6 +538,7 @@ def expert_parallel_moe(
         alignment = check_int("padding_alignment", padding_alignment, 1)
         experts = local_experts(num_experts, group)
         _check_inputs(x, routemap, probs, expert_fn)
+        x, routemap, probs = _contiguous(x, routemap, probs)
     except (TypeError, ValueError) as error:
         if not agreeing:
             raise
@@ -541,7 +577,8 @@ def expert_parallel_moe(
     order = [q * per_rank + j for j in range(per_rank) for q in range(ranks)]
     tokens_per_expert = [sum(arriving[j::per_rank]) for j in range(per_rank)]
 
-    x = clock.mark(x, None)
+    # (the layer's inputs: where their gradients arrive, the backward leaves the layer)
+    x, probs = clock.mark(x, None), clock.mark(probs, None)
     with stage("permute", x):
         rows, rowmap, row_probs = _permute(x, routemap, probs, num_experts, local, alignment)
     rows = clock.mark(rows, "permute")
@@ -601,6 +638,8 @@ def single_process_moe(
     check_bool("validate", validate)
     alignment = check_int("padding_alignment", padding_alignment, 1)
     num_experts = check_int("num_experts", num_experts, 1)
+    _check_inputs(x, routemap, probs, expert_fn)
+    x, routemap, probs = _contiguous(x, routemap, probs)
     counts, words = _counts_and_status(routemap, num_experts, validate)
     if validate:
         _raise_for_routing([words.tolist()], None, routemap.shape[1], num_experts)
