@@ -7,6 +7,12 @@ import sys
 from .records import MODE_TITLES
 
 _OP = 44  # width of the operation column (indented under its case)
+# what "% copy" compares on the CPU, printed under the titles of a CPU run
+CPU_COPY_NOTE = (
+    "(CPU: the copy is moe_cpu's parallel copy of the same bytes, reading as many as it "
+    "writes,\n one equal chunk per thread; a permute reads each row once and writes it to "
+    "every expert\n it goes to, its rows handed out as threads free up: it can pass 100%)"
+)
 
 
 def copy_name(op):
@@ -58,6 +64,8 @@ def print_table(results, out=None, header=True):
     if header:
         print(titles, file=out)
         print("-" * len(titles), file=out)
+        if modes[0] == "wall":
+            print(CPU_COPY_NOTE, file=out)
     for case, name, figures, r, is_copy in _rows(results):
         if case is not None:
             print(case.label(), file=out)

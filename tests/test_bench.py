@@ -212,6 +212,10 @@ def test_table_of_cpu_results(capsys):
     report.print_table(results)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["operation", "wall", "us", "GB/s", "%", "copy", "vs", "NumPy"]
+    # what the CPU's "% copy" compares, said where it is printed (it can pass 100%)
+    note = report.CPU_COPY_NOTE.splitlines()
+    assert lines[2 : 2 + len(note)] == note and "can pass 100%" in note[-1]
+    lines = lines[:2] + lines[2 + len(note) :]
     assert lines[3].split() == ["copy", "for", "permute", "500.0", "6.0", "100.0%"]
     assert lines[4].split() == ["permute", "1000.0", "3.0", "50.0%", "9.0x"]
 
