@@ -45,6 +45,8 @@ import torch.distributed as dist
 from .. import _abi
 from .._capacities import padded
 from .._contract import (
+    COMBINE_DTYPES,
+    ROUTEMAP_DTYPES,
     PermuteArrays,
     PermuteScalars,
     UnpermuteArrays,
@@ -61,6 +63,7 @@ from .._contract_sort import SortArrays, SortScalars, inverse_order
 from .._ops import PERMUTE, SORT_CHUNKS, UNPERMUTE
 from . import _front
 from ._agreement import ExpertParallelError, Field, agree
+from ._bridge import torch_dtype
 
 __all__ = [
     "ExpertParallelError",
@@ -75,8 +78,10 @@ ExpertFn = Callable[[torch.Tensor, Sequence[int], torch.Tensor], torch.Tensor]
 (``tokens_per_expert[j]`` rows of local expert j, padding rows included, then the next), the
 routing probability of each row (0.0 on padding rows); bfloat16, float16 or float32 out."""
 
-_ROW_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # (index: code in agreements)
-_ROUTEMAP_DTYPES = frozenset((torch.int32, torch.int64))
+# the contract's dtypes as torch's (one table: moe_numba._contract): rows that the combine
+# takes (index: their code in the agreements) and routing maps
+_ROW_DTYPES = tuple(torch_dtype(d) for d in COMBINE_DTYPES)
+_ROUTEMAP_DTYPES = frozenset(torch_dtype(d) for d in ROUTEMAP_DTYPES)
 _BIG = torch.iinfo(torch.int64).max
 _STATUS = 4  # per rank: first bad slot, its id, first repeated slot, its id
 
