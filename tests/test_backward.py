@@ -39,6 +39,7 @@ from moe_numba import (
     moe_unpermute_backward,
 )
 from moe_numba.kernels import unpermute as UP
+from moe_numba.kernels import unpermute_backward as UB
 
 CANONICAL_NAN_BITS = {
     np.dtype(np.float32): 0x7FC00000,
@@ -194,10 +195,17 @@ def test_permute_backward_rows_split_into_parts(backend, monkeypatch, request):
         check_permute_backward(backend, grad_rows, random_probs(rng, (r,)), rowmap, routemap)
 
 
-def test_token_with_more_rows_than_lanes(backend):
-    """A malformed row map names 40 rows of one token: the GPU's warp lists 32 at a time, so
-    the rows go in two rounds; rows of 1100 float32 take two batches of dY there, reloaded
-    for the second round (the simulator, far slower, takes narrow rows)."""
+@pytest.mark.parametrize("token_warps", [1, UB.TOKEN_WARPS], ids=["whole", "shared"])
+def test_token_with_more_rows_than_lanes(backend, monkeypatch, request, token_warps):
+    """A malformed row map names 40 rows of one token. "whole" (the GPU's plan of a call of
+    TOKEN_WARPS tokens or more): its warp lists 32 at a time, so the rows go in two rounds;
+    rows of 1100 float32 take two batches of dY there, reloaded for the second round.
+    "shared" (this small call's plan): four warps take 10 rows each, rows without the dot
+    product in two parts (the simulator, far slower, takes narrow rows; the CPU backend has
+    neither plan)."""
+    monkeypatch.setattr(UB, "TOKEN_WARPS", token_warps)
+    _core.clear()  # (the launch plans follow TOKEN_WARPS: none of either setting kept)
+    request.addfinalizer(_core.clear)
     backend = with_gradients(backend)
     rng = np.random.default_rng(2)
     T, K, R = 2, 4, 100

@@ -4,11 +4,13 @@ kernels behind them) in numba's CUDA simulator, bit for bit against the NumPy or
 Block sizes are patched down so that tiny inputs still take several claim and collide
 blocks (grid-stride, the ticket), several chunks per zero worker, rows in several batches
 and compute steps, tokens with more rows than a warp lists at once, and list overflows in
-the combine. Outputs and scratch come from a poisoning allocator passed to the backend
-(``empty=``), so an element a kernel forgets to write shows up as a mismatch. The
-simulator's ``cuda.fma`` rounds twice; it is replaced by a correctly rounded fma here, so
-the dot product is compared exactly too. The lanes stay 32: they are the dot product's
-order.
+the combine. Every case of the unpermute's gradient runs with the scatter's plan of a large
+call (a warp per token for all its rows) and with that of a small one (each token's rows
+shared among warps, rows without the dot product in parts). Outputs and scratch come from
+a poisoning allocator passed to the backend (``empty=``), so an element a kernel forgets to
+write shows up as a mismatch. The simulator's ``cuda.fma`` rounds twice; it is replaced by
+a correctly rounded fma here, so the dot product is compared exactly too. The lanes stay
+32: they are the dot product's order.
 """
 
 import ml_dtypes
@@ -82,6 +84,22 @@ def small_geometry(monkeypatch):
     _core.clear()  # (launch plans follow the geometry: none of the real one, none left after)
     yield
     _core.clear()
+
+
+@pytest.fixture(params=["whole", "shared"])
+def workers(request, small_geometry, monkeypatch):
+    """The scatter's token workers: "whole", the plan of a call of TOKEN_WARPS tokens or more
+    (a warp per token takes all its rows; the dot product's narrow batch); "shared", the plan
+    of a small call (each token's rows shared among min(K, E) warps; rows without the dot
+    product in parts of at least one group per lane). The launch plans were forgotten by
+    ``small_geometry``, before these settings."""
+    if request.param == "whole":
+        settings = dict(TOKEN_WARPS=1, WIDE_DOT_WARPS=0)
+    else:
+        settings = dict(TOKEN_WARPS=1 << 20, PART_GROUPS=1)
+    for name, value in settings.items():
+        monkeypatch.setattr(UB, name, value)
+    return request.param
 
 
 class Poisoned:
@@ -182,6 +200,7 @@ def gradients(rng, T, K, R, dtype, H):
 # moe_unpermute_backward
 
 
+@pytest.mark.usefixtures("workers")
 @pytest.mark.parametrize("weighted", [False, True], ids=["copy", "weighted"])
 @pytest.mark.parametrize("dtype,H", ROW_SHAPES, ids=_name)
 def test_unpermute_backward_word_widths(dtype, H, weighted):
@@ -193,10 +212,12 @@ def test_unpermute_backward_word_widths(dtype, H, weighted):
     assert (status == -1).all()
 
 
+@pytest.mark.usefixtures("workers")
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 def test_unpermute_backward_rows_in_batches(dtype):
     """Rows of more than 64 groups: batches of a group or two a lane (the dot product's
-    partials wait in shared memory between batches)."""
+    partials wait in shared memory between batches); "shared": rows without the dot
+    product in parts of 64 and 7 groups."""
     rng = np.random.default_rng(1)
     H = 70 * 16 // np.dtype(dtype).itemsize + 3  # 71 groups, the last one short
     T, K, E, R = 3, 2, 3, 8
@@ -206,10 +227,12 @@ def test_unpermute_backward_rows_in_batches(dtype):
     run_unpermute_backward(dy, None, None, rowmap, routemap, None, False, R)
 
 
+@pytest.mark.usefixtures("workers")
 def test_unpermute_backward_tokens_with_more_rows_than_lanes():
-    """A malformed row map names 40 rows of one token (a warp lists 32 at a time: the rows
-    go in two rounds). Narrow rows: the simulator's shuffles are slow; the rounds with rows
-    that take two batches run on the GPU (test_backward.py)."""
+    """A malformed row map names 40 rows of one token among 45 experts: "whole", a warp
+    lists 32 at a time (the rows go in two rounds); "shared", four warps take 10 rows each,
+    counted across the two listing rounds. Narrow rows: the simulator's shuffles are slow;
+    the rounds with rows that take two batches run on the GPU (test_backward.py)."""
     rng = np.random.default_rng(2)
     T, K, R = 2, 4, 100
     H = 8  # float32: two groups
@@ -219,6 +242,64 @@ def test_unpermute_backward_tokens_with_more_rows_than_lanes():
     run_unpermute_backward(dy, g, xu, rowmap, routemap, p, False, R)
 
 
+def test_scatter_plans_keep_large_calls_and_share_small_ones():
+    """From TOKEN_WARPS tokens on, a warp per token for all its rows (the plan of before);
+    fewer tokens share each token's rows among up to K warps, and rows without the dot
+    product go in parts of at least PART_GROUPS groups per lane; with few token workers the
+    dot product takes the wide batch. bf16, H = 7168: 896 groups."""
+    assert UB.TOKEN_WARPS == 4096 and UB.PART_GROUPS == 4  # (not patched here)
+    for dot in (False, True):
+        assert UB._token_workers(16384, 8, 64, 896, dot) == (1, 1, 896)
+        assert UB._token_workers(4096, 8, 64, 896, dot) == (1, 1, 896)
+    assert UB._token_workers(1024, 8, 64, 896, True) == (4, 1, 896)
+    assert UB._token_workers(256, 8, 64, 896, True) == (8, 1, 896)
+    assert UB._token_workers(256, 8, 64, 896, False) == (8, 2, 448)
+    assert UB._token_workers(16, 8, 256, 896, False) == (8, 7, 128)
+    assert UB._token_workers(16, 8, 4, 896, True) == (4, 1, 896)  # (a token has <= E rows)
+    narrow, wide = scatter.BATCH_GROUPS[True][0], scatter.BATCH_GROUPS[True][-1]
+    assert UB._batch_groups(16, 896, True, UB.WIDE_DOT_WARPS + 1) == narrow
+    assert UB._batch_groups(16, 896, True, UB.WIDE_DOT_WARPS) == wide
+
+
+@pytest.mark.parametrize("token_warps,shares", [(12, 3), (1 << 20, 5)], ids=["3", "5"])
+def test_unpermute_backward_rows_shared_among_warps(monkeypatch, token_warps, shares):
+    """A small call shares each token's rows among warps, each taking every shares-th row it
+    lists (3 warps of 2, 2 and 1 of K = 5 rows, or a warp per row); a row's dot product
+    stays one warp's (two batches of 64 and 7 groups); rows without it go in parts of 64
+    and 7 groups, a group per lane at a time (two batches, then one)."""
+    monkeypatch.setattr(UB, "TOKEN_WARPS", token_warps)
+    monkeypatch.setattr(UB, "PART_GROUPS", 1)
+    monkeypatch.setattr(scatter, "BATCH_GROUPS", {False: (1,), True: (1, 2)})
+    rng = np.random.default_rng(9)
+    T, K, E, R = 3, 5, 7, 24
+    H = 70 * 8 + 3  # bf16: 71 groups, the last one short
+    assert UB._token_workers(T, K, E, 71, True) == (shares, 1, 71)
+    assert UB._token_workers(T, K, E, 71, False) == (shares, 2, 64)
+    routemap, rowmap = permuted(rng, T, K, E, R, repeats=0.3)
+    dy, g, xu, p = gradients(rng, T, K, R, ml_dtypes.bfloat16, H)
+    run_unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
+    run_unpermute_backward(dy, g, None, rowmap, routemap, None, False, R)
+
+
+def test_unpermute_backward_shares_with_more_rows_than_lanes(monkeypatch):
+    """A malformed row map names 70 rows of one token among 80 experts, shared by two warps:
+    each takes 35 of the rows listed in three rounds of 31, 31 and 8 (more than 32: a
+    warp's rows go in two rounds)."""
+    monkeypatch.setattr(UB, "TOKEN_WARPS", 1 << 20)
+    rng = np.random.default_rng(10)
+    T, K, E, R = 2, 2, 80, 100
+    assert UB._token_workers(T, K, E, 2, True) == (2, 1, 2)
+    routemap = np.array([[3, 77], [0, 1]], np.int32)
+    rowmap = np.full((T, E), -1, np.int32)
+    rows = rng.permutation(R)
+    experts = [*range(31), *range(33, 72)]
+    rowmap[0, experts] = rows[:70]
+    rowmap[1, :2] = rows[70:72]
+    dy, g, xu, p = gradients(rng, T, K, R, np.float32, 8)
+    run_unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
+
+
+@pytest.mark.usefixtures("workers")
 def test_unpermute_backward_rows_named_twice():
     """Rows named by two and by three entries: zero gradients, and the status names the
     smallest such row and its first two entries in flat order."""
@@ -236,6 +317,7 @@ def test_unpermute_backward_rows_named_twice():
     run_unpermute_backward(dy, None, None, rowmap, routemap, None, False, R)
 
 
+@pytest.mark.usefixtures("workers")
 def test_unpermute_backward_bad_entries():
     """Row-map entries outside [-1, R) and routing ids outside [-1, E) count as -1; the
     status reports the first of each (and a row named twice)."""
@@ -255,6 +337,7 @@ def test_unpermute_backward_bad_entries():
     assert status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW] == 3
 
 
+@pytest.mark.usefixtures("workers")
 @pytest.mark.parametrize("weighted", [False, True], ids=["copy", "weighted"])
 def test_unpermute_backward_optional_inputs(weighted):
     rng = np.random.default_rng(5)
@@ -266,6 +349,7 @@ def test_unpermute_backward_optional_inputs(weighted):
     run_unpermute_backward(None, g, None, rowmap, routemap[:, ::-1].copy(), None, False, R)
 
 
+@pytest.mark.usefixtures("workers")
 @pytest.mark.parametrize("dtype,H", ROW_SHAPES[::3] + [(ml_dtypes.bfloat16, 600)], ids=_name)
 def test_unpermute_backward_weighted_without_the_dot_product(dtype, H):
     """A weighted combine's gradient without the rows (what autograd asks for when the
@@ -291,6 +375,7 @@ def test_unpermute_backward_weighted_without_the_dot_product(dtype, H):
     )
 
 
+@pytest.mark.usefixtures("workers")
 def test_unpermute_backward_empty():
     rng = np.random.default_rng(6)
     rowmap = np.full((4, 3), -1, np.int32)
@@ -302,6 +387,7 @@ def test_unpermute_backward_empty():
     run_unpermute_backward(dy, g, xu, rowmap[:0], routemap[:0], p, True, 7)  # T = 0: zeros
 
 
+@pytest.mark.usefixtures("workers")
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 def test_unpermute_backward_special_bits(dtype):
     """Copies keep every bit (NaN payloads, -0.0); products and dot products of NaNs,

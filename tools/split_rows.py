@@ -3,10 +3,11 @@ lab-notes.rst, "Small calls on the GPU: rows split among warps and blocks").
 
 Run on a machine with a GPU and torch::
 
-    python tools/split_rows.py [SWEEP ...]   # SWEEP: parts, combine, one-block
+    python tools/split_rows.py [SWEEP ...]   # SWEEP: parts, combine, one-block, scatter
 
-bf16, H = 7168, K = 8, E = 64, ``validate=False``; µs per call of 50 back-to-back calls behind
-a held stream (CUDA events, the median of 5 batches: ``python -m benchmarks bench``'s timer).
+bf16, H = 7168, K = 8, E = 64 unless a shape says, ``validate=False``; µs per call of 50
+back-to-back calls behind a held stream (CUDA events, the median of 5 batches: ``python -m
+benchmarks bench``'s timer).
 Each setting's outputs are compared bit for bit with the first setting's ("DIFF" marks a
 mismatch). The settings are module constants of the kernels' host side, set here and
 restored after. Each setting starts with no launch plans
@@ -28,6 +29,7 @@ from _cli import parser
 import moe_numba
 from moe_numba.kernels import permute as PM
 from moe_numba.kernels import unpermute as UP
+from moe_numba.kernels import unpermute_backward as UB
 from moe_numba.torch import _replay
 
 # benchmarks/ is no installed package: this checkout's, appended after any installed moe_numba
@@ -69,8 +71,9 @@ def same(a, b):
     )
 
 
-def calls(T, A):
-    """The permute, weighted unpermute and permute backward of one shape."""
+def calls(T, A, E=E):
+    """The permute, weighted unpermute, permute backward and unpermute backward (weighted,
+    with the probabilities' gradient: the dot products; and unweighted) of one shape."""
     g = torch.Generator(device=DEVICE).manual_seed(T)
     routes = torch.topk(torch.rand(T, E, device=DEVICE, generator=g), K, dim=1).indices.int()
     probs = torch.softmax(torch.rand(T, K, device=DEVICE, generator=g), 1)
@@ -81,7 +84,24 @@ def calls(T, A):
         return moe_numba.moe_permute(x, None, routes, probs, E, counts, A, validate=False)
 
     rows, rowmap, row_probs, _ = permute()
+    dy = torch.randn(T, H, device=DEVICE, generator=g).bfloat16()
+
+    def unpermute_bwd(weighted):
+        return moe_numba.moe_unpermute_backward(
+            dy,
+            None,
+            rows if weighted else None,
+            rowmap,
+            routes,
+            row_probs if weighted else None,
+            using_weighted_combine=weighted,
+            num_rows=rows.shape[0],
+            validate=False,
+        )
+
     return {
+        "unpermute_bwd": lambda: unpermute_bwd(True),
+        "unpermute_bwd_copy": lambda: unpermute_bwd(False),
         "permute": permute,
         "unpermute": lambda: moe_numba.moe_unpermute(
             rows, rowmap, routes, row_probs, T, E, using_weighted_combine=True, validate=False
@@ -93,23 +113,30 @@ def calls(T, A):
 
 
 def sweep(label, module, name, settings, shapes, ops):
-    """One line per shape and op: the GPU time for each value of ``module.name``."""
-    print(f"{label}: {name} = " + ", ".join(map(str, settings)))
-    saved = getattr(module, name)
+    """One line per shape ``(T, A)`` or ``(T, A, E)`` and op: the GPU time for each value
+    of ``module.name`` (for a tuple of names, each setting a tuple of their values)."""
+    names = name if isinstance(name, tuple) else (name,)
+    print(f"{label}: {', '.join(names)} = " + ", ".join(map(str, settings)))
+    saved = [getattr(module, n) for n in names]
     try:
-        for T, A in shapes:
-            fns = calls(T, A)
+        for T, A, *experts in shapes:
+            fns = calls(T, A, *experts)
             for op in ops:
                 ref, row = None, []
                 for value in settings:
-                    setattr(module, name, value)
+                    for n, v in zip(
+                        names, value if isinstance(name, tuple) else (value,), strict=True
+                    ):
+                        setattr(module, n, v)
                     _replay.clear()  # (launch plans and replays follow the setting)
                     out = fns[op]()
                     ref = out if ref is None else ref
                     row.append(gpu_figure(fns[op]) + ("" if same(out, ref) else " DIFF"))
-                print(f"  T={T:5d} A={A:3d} {op:12s} " + " ".join(row), flush=True)
+                shape = f"T={T:5d} A={A:3d}" + "".join(f" E={e}" for e in experts)
+                print(f"  {shape} {op:18s} " + " ".join(row), flush=True)
     finally:
-        setattr(module, name, saved)
+        for n, v in zip(names, saved, strict=True):
+            setattr(module, n, v)
         _replay.clear()
 
 
@@ -148,6 +175,17 @@ def main(argv=None):
             (1, 256, 512, 1024, 2048, 4096),
             ((64, 16), (256, 16), (1024, 16), *large),
             ("unpermute", "permute_bwd"),
+        ),
+        # (1, 0): a warp per token for all its rows, the narrow dot batch (the plan of a
+        # large call, and of every call before rows were shared); then rows shared, with
+        # the wide dot batch up to 0, 1024 (the default) or any number of token workers
+        "scatter": lambda: sweep(
+            "unpermute backward's scatter workers",
+            UB,
+            ("TOKEN_WARPS", "WIDE_DOT_WARPS"),
+            ((1, 0), (4096, 0), (4096, 1024), (4096, 1 << 30), (2048, 1024), (8192, 1024)),
+            ((16, 1, 256), (16, 16), (64, 16), (256, 16), (1024, 16), (4096, 128), *large),
+            ("unpermute_bwd", "unpermute_bwd_copy"),
         ),
         # 2048: one block up to T = 256 (K = 8); 0: every call counts in chunks
         "one-block": lambda: sweep(

@@ -7,13 +7,23 @@ overlap the tokens)::
     item  0 .. npz - 1   zero worker z: chunks z, z + npz, ... of LANES rows; a lane per
                          row tests its owner word (:mod:`.owner`); the rows without a pair
                          get +0.0 (dXu: streamed zero words; dp: 0)
-    item  npz + t        token t: loads its dY row (the first ``batch * LANES`` groups, into
+    item  npz + j        token t = j / (shares * nparts), share s and part c of the rest:
+                         loads the part's dY words (the first ``batch * LANES`` groups, into
                          registers), waits for collide, lists its rows r = rowmap[t, e] (e
-                         ascending) whose owner is its entry t * E + e, then for each row:
+                         ascending) whose owner is its entry t * E + e, keeping the s-th of
+                         every ``shares`` of them, then for each row: the part of
                          dXu[r] = dY[t] (a bit copy) or rnd(float32(dY[t, h]) * p[r])
                          (weighted), with the dot product's lane partials
-                         fma(dY[t, h], Xu[r, h], acc) (dot); dp[r] = the butterfly sum of
-                         the partials (dot) + g[t, k] for each slot k naming e, k ascending
+                         fma(dY[t, h], Xu[r, h], acc) (dot); part 0 writes dp[r] = the
+                         butterfly sum of the partials (dot) + g[t, k] for each slot k
+                         naming e, k ascending
+
+One worker per token, one part per row, is the plan of a large call; a small call shares a
+token's rows among several workers and, without the dot product, splits rows into parts of
+``pg`` groups (the last part: what is left), so that more warps have loads in flight
+(:mod:`.unpermute_backward` decides). A row's dot product is always one worker's: its lanes'
+partial sums run over the whole row in a fixed order, which a split would change. Every
+worker of a token lists the token's rows the same way, so the shares take each row once.
 
 The dot product's order is the contract's (docs/gradients.rst): a *group* is the 16 bytes
 that hold elements [g V, (g + 1) V) (V = 16 / itemsize), lane l owns the groups l, l + 32,
@@ -21,13 +31,17 @@ that hold elements [g V, (g + 1) V) (V = 16 / itemsize), lane l owns the groups 
 adds the lanes. Rows move in words of the widest width their bytes allow (:mod:`._copy`),
 ``16 // width`` words a group, so narrow words change the loads, never the order.
 
-A row longer than ``batch * LANES`` groups goes batch by batch, each batch of dY loaded once
-and written to (or multiplied into) every row of the token; a lane's partial sums wait in
-shared memory between batches. So each dY row is read once (a token with more than LANES
-rows, which only a malformed row map gives, reads it again per LANES rows when it takes
-several batches), each Xu row once, each dXu row is written once. The float path's only
-multiply-add is the dot product's explicit ``cuda.fma``; the weighted row gradient is one
-float32 product, rounded once (:func:`.combine.word_lanes`).
+A part longer than ``batch * LANES`` groups goes batch by batch, each batch of dY loaded once
+and written to (or multiplied into) every row of the worker; a lane's partial sums wait in
+shared memory between batches. So each worker reads its part of the dY row once (a worker
+with more than LANES rows, which only a malformed row map gives, reads it again per LANES
+rows when it takes several batches), each Xu row is read once, each dXu row is written once.
+The float path's only multiply-add is the dot product's explicit ``cuda.fma``; the weighted
+row gradient is one float32 product, rounded once (:func:`.combine.word_lanes`).
+
+A worker lists its token's rows LANES experts at a time (a lane per expert, one warp scan);
+the row map's entries of the next LANES experts load while the lanes read the owner words
+of the current ones, so that a round waits for one load rather than two in a row.
 """
 
 from __future__ import annotations
@@ -54,10 +68,11 @@ from .combine import DATA_TYPES, ITEMSIZE, widths, word_lanes
 LANES = 32  # threads of a worker, and the dot product's lanes: a warp (in the simulator too)
 WARPS = min(4, SYNCWARP_WARPS)  # workers per block
 # 16-byte groups of dY a thread may hold at once (rising), without and with the dot product:
-# the whole row where it can; with the dot a batch of 4, since Xu's words take registers too:
-# at 8 the kernel needs so many registers that too few warps fit on an SM to keep enough loads
-# in flight (docs/lab-notes.rst, "First runs beside the peers")
-BATCH_GROUPS = {False: (4, 8, 16, 28), True: (4,)}
+# the whole row where it can; with the dot a batch of 4 when warps are many, since Xu's words
+# take registers too: at 8 the kernel needs so many registers that too few warps fit on an SM
+# to keep enough loads in flight (docs/lab-notes.rst, "First runs beside the peers"); 8 when
+# they are few (:mod:`.unpermute_backward` decides), in half the round trips
+BATCH_GROUPS = {False: (4, 8, 16, 28), True: (4, 8)}
 
 
 class ScatterKey(NamedTuple):
@@ -105,6 +120,9 @@ def _scatter_params(key):
         ("nw", INT),  # words per row
         ("npz", INT),  # zero workers
         ("has_g", INT),  # 1: gprob is given
+        ("shares", INT),  # workers that share a token's rows (each takes every shares-th)
+        ("nparts", INT),  # parts of a row (without the dot product; else 1)
+        ("pg", INT),  # groups of a part (the last part: what is left)
     ]
 
 
@@ -136,13 +154,14 @@ def _register_words(width):
 
 
 def _group_loader(ld, keep, G, n):
-    """``load(src, base, q, nw, lo, hi)``: the words of the groups q, q + LANES, ... (``n``
+    """``load(src, base, q, we, lo, hi)``: the words of the groups q, q + LANES, ... (``n``
     groups of ``G`` words) of the row at ``src[base:]`` into ``lo``/``hi``, the indices
-    clamped to the row's last word so that all the loads are in flight together."""
+    clamped to word ``we - 1`` (the last of the row, or of its part) so that all the loads
+    are in flight together."""
 
     @device
-    def load(src, base, q, nw, lo, hi):
-        last = nw - 1
+    def load(src, base, q, we, lo, hi):
+        last = we - 1
         for u in range(n):
             for s in range(G):
                 keep(lo, hi, u * G + s, ld(src, base + min((q + u * LANES) * G + s, last)))
@@ -159,11 +178,29 @@ def _chain(steps):
     rest = _chain(steps[1:])
 
     @device
-    def chained(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods):
-        a = first(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods)
-        return rest(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods)
+    def chained(xu, out, base, q, we, p, a, lo, hi, xlo, xhi, prods):
+        a = first(xu, out, base, q, we, p, a, lo, hi, xlo, xhi, prods)
+        return rest(xu, out, base, q, we, p, a, lo, hi, xlo, xhi, prods)
 
     return chained
+
+
+@device
+def _taken(x, share, shares):
+    """How many of a token's first ``x`` rows (in listing order) fall to ``share``: rows
+    ``share``, ``share + shares``, ..."""
+    return (x + shares - 1 - share) // shares
+
+
+@device
+def _share(seen, pos, cnt, ok, share, shares):
+    """A listing round's ``(pos, cnt, ok)`` (a lane's place among the round's rows, their
+    count, whether the lane holds one) narrowed to the rows of ``share``, the token's rows
+    before the round being ``seen``."""
+    first = _taken(seen, share, shares)
+    if (seen + pos) % shares != share:
+        ok = 0
+    return _taken(seen + pos, share, shares) - first, _taken(seen + cnt, share, shares) - first, ok
 
 
 def _make_scatter(key):
@@ -181,28 +218,28 @@ def _make_scatter(key):
     word_t = WORD_TYPE[width]
 
     @device
-    def copy(out, base, q, nw, lo, hi):
+    def copy(out, base, q, we, lo, hi):
         """dXu: the batch's words of dY, as they are."""
         for u in range(NB):
             for s in range(G):
                 w = (q + u * LANES) * G + s
-                if w < nw:
+                if w < we:
                     st(out, base + w, word(lo, hi, u * G + s))
 
     @device
-    def load_step(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods):  # (with DOT)
+    def load_step(xu, out, base, q, we, p, a, lo, hi, xlo, xhi, prods):  # (with DOT)
         """``step(..., a) -> a``: load the Xu words of the batch's groups."""
-        load_dy(xu, base, q, nw, xlo, xhi)
+        load_dy(xu, base, q, we, xlo, xhi)
         return a
 
     def compute_step(u):
         """``step(..., a) -> a``: the batch's group u."""
 
         @device
-        def step(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods):
+        def step(xu, out, base, q, we, p, a, lo, hi, xlo, xhi, prods):
             for s in range(G):
                 w = (q + u * LANES) * G + s
-                if w < nw:
+                if w < we:
                     v = word(lo, hi, u * G + s)
                     x = word(xlo, xhi, u * G + s)
                     for i in range(NL):
@@ -215,7 +252,7 @@ def _make_scatter(key):
 
         return step
 
-    # scale(xu, out, base, q, nw, p, a, lo, hi, xlo, xhi, prods) -> a: dXu, the batch's words
+    # scale(xu, out, base, q, we, p, a, lo, hi, xlo, xhi, prods) -> a: dXu, the batch's words
     # of dY times p; returns a plus (DOT) the lane's fma over the batch's elements of dY and
     # Xu, ascending h. The batch's Xu words are loaded at once, then a step per group
     # follows, chained here rather than looped over in the kernel so that every index into
@@ -223,7 +260,25 @@ def _make_scatter(key):
     scale = _chain(([load_step] if DOT else []) + [compute_step(u) for u in range(NB)])
 
     def scatter(
-        dy, xu, rowmap, routemap, owner, probs, gprob, out, out_probs, T, R, E, K, nw, npz, has_g
+        dy,
+        xu,
+        rowmap,
+        routemap,
+        owner,
+        probs,
+        gprob,
+        out,
+        out_probs,
+        T,
+        R,
+        E,
+        K,
+        nw,
+        npz,
+        has_g,
+        shares,
+        nparts,
+        pg,
     ):
         dest = cuda.shared.array((WARPS, LANES), int64)  # a warp's rows: a token's, or zeros
         dexp = cuda.shared.array((WARPS, LANES), int64)  # the expert of each token's row
@@ -242,35 +297,49 @@ def _make_scatter(key):
         stride = int64(cuda.gridDim.x) * WARPS
         TE = T * E
         ngroups = (nw + G - 1) // G
-        while item < npz + T:
+        workers = shares * nparts  # a token's
+        while item < npz + T * workers:
             if item >= npz:
-                t = item - npz
+                t = (item - npz) // workers
+                share = (item - npz - t * workers) // nparts
+                cpart = item - npz - t * workers - share * nparts
+                g0 = cpart * pg  # the part's first group
+                span = min(ngroups, g0 + pg) - g0  # its groups
+                we = min(nw, (g0 + pg) * G)  # the word after its last
                 f0 = t * E
                 src = t * nw
                 if nw > 0:
-                    load_dy(dy, src, lane, nw, lo, hi)
+                    load_dy(dy, src, g0 + lane, we, lo, hi)
+                rn = int64(rowmap[f0 + lane]) if lane < E else int64(-1)
                 griddep_wait()  # (collide's owner words)
-                fresh = True  # lo, hi hold the row's first batch
+                fresh = True  # lo, hi hold the part's first batch
                 n = int64(0)  # rows listed in dest
+                seen = int64(0)  # the token's rows in the rounds before (every share's)
                 eb = int64(0)
                 while True:
-                    # the next LANES experts' rows (their owner is this token's entry)
+                    # the next LANES experts' rows (their owner is this token's entry) of
+                    # this worker's share; the row map's next LANES entries load meanwhile
                     ok = int64(0)
-                    r = int64(-1)
+                    r = rn
                     pos = cnt = int64(0)
                     if eb < E:
-                        if eb + lane < E:
-                            r = int64(rowmap[f0 + eb + lane])
-                            if r >= 0 and r < R and load_cg(owner, r) == f0 + eb + lane:
-                                ok = 1
+                        e = eb + LANES + lane
+                        rn = int64(rowmap[f0 + e]) if e < E else int64(-1)
+                        if r >= 0 and r < R and load_cg(owner, r) == f0 + eb + lane:
+                            ok = 1
                         pos, cnt = warp_exclusive_scan_i64(ok, tmp)
+                        if shares > 1:
+                            total = cnt
+                            pos, cnt, ok = _share(seen, pos, cnt, ok, share, shares)
+                            seen += total
                     if n > 0 and (eb >= E or n + cnt > LANES):  # the listed rows, now
                         if nw > 0:
                             if not fresh:
-                                load_dy(dy, src, lane, nw, lo, hi)
-                            bq = int64(0)  # the batch's first group
+                                load_dy(dy, src, g0 + lane, we, lo, hi)
+                            bq = int64(0)  # the batch's first group, in the part
                             while True:
-                                last = bq + SPAN >= ngroups
+                                q = g0 + bq + lane
+                                last = bq + SPAN >= span
                                 for j in range(n):
                                     row = dest[wb, j]
                                     if WEIGHTED:
@@ -278,7 +347,7 @@ def _make_scatter(key):
                                         if DOT and bq > 0:
                                             a = part[wb, j, lane]
                                         a = scale(
-                                            xu, out, row * nw, bq + lane, nw, probs[row], a,
+                                            xu, out, row * nw, q, we, probs[row], a,
                                             lo, hi, xlo, xhi, prods,
                                         )  # fmt: skip
                                         if DOT and last:
@@ -288,14 +357,14 @@ def _make_scatter(key):
                                         elif DOT:
                                             part[wb, j, lane] = a
                                     else:
-                                        copy(out, row * nw, bq + lane, nw, lo, hi)
+                                        copy(out, row * nw, q, we, lo, hi)
                                 if last:
                                     break
                                 bq += SPAN
-                                load_dy(dy, src, bq + lane, nw, lo, hi)
+                                load_dy(dy, src, g0 + bq + lane, we, lo, hi)
                             fresh = bq == 0
                         syncwarp()  # (dots)
-                        if lane < n:
+                        if cpart == 0 and lane < n:  # (part 0 writes its rows' dp)
                             d = dots[wb, lane] if DOT else float32(0)
                             if has_g != 0:
                                 e = dexp[wb, lane]

@@ -8,7 +8,8 @@
     claim     .owner      (T * E) / OWNER_BD,           OWNER_BD         always
                           at most OWNER_BLOCKS
     collide   .owner      the same                      OWNER_BD         always
-    scatter   .scatter    (npz + T) / WARPS workers     WARPS * LANES    npz + T > 0
+    scatter   .scatter    (npz + T * shares * nparts)   WARPS * LANES    there are
+                          / WARPS workers                                 workers
 
 init and check are moe_unpermute's (:func:`.unpermute.check_steps`): the same value rules
 and status slots. claim and collide find each row's pair without atomics (:mod:`.owner`);
@@ -16,7 +17,13 @@ collide also writes the status words of a row named twice, so with ``validate=Tr
 host waits for collide, whose end implies check's (each of these kernels waits for the one
 ahead before it ends). Every kernel is a programmatic dependent: the first one (init, or
 claim) waits for the caller's kernels first thing; the scatter loads its first dY rows
-before it waits for collide.
+(and row map entries) before it waits for collide.
+
+A call of TOKEN_WARPS tokens or more gives each token one scatter worker for all its rows
+(``shares = nparts = 1``). Fewer tokens share each token's rows among up to K workers, and
+without the dot product split the rows into parts as the permute's gather does
+(:func:`_token_workers`); with at most WIDE_DOT_WARPS token workers, the dot product's
+variant holds 8 groups of a row per thread rather than 4 (:func:`_batch_groups`).
 
 Scratch: ``owner [max(R, 1)]``, ``dups [2]`` int64, one allocation (check has its own).
 """
@@ -34,7 +41,7 @@ from ..runtime._launch import launcher_for, optional_arg
 from ..runtime._sequence import LaunchSequence, Step
 from ..runtime._status import StatusWords, status_arg
 from . import scatter
-from ._copy import WORD_DTYPE, word_width
+from ._copy import WORD_DTYPE, row_parts, word_width
 from ._family import NoKey
 from .combine import ITEMSIZE, widths
 from .owner import CLAIM, COLLIDE
@@ -46,6 +53,14 @@ FAMILIES = (CLAIM, COLLIDE, SCATTER)
 OWNER_BD = 256  # threads of a claim or collide block
 OWNER_BLOCKS = 2048  # most claim or collide blocks (each thread then takes a few entries)
 ZERO_WORKERS = 256  # fewest zero workers (when there are as many chunks of rows)
+# token workers that keep the GPU's loads busy: a call with fewer tokens shares each token's
+# rows among up to K warps, and without the dot product splits rows into parts too (a warp
+# that takes all of a token's rows has that many rows' round trips one after another)
+TOKEN_WARPS = 4096
+PART_GROUPS = 4  # fewest groups per lane in a part of a split row
+# most token workers whose dot products take the wider batch (BATCH_GROUPS[True]): with few
+# warps the SMs have registers to spare, and a row then takes fewer round trips
+WIDE_DOT_WARPS = 1024
 
 _INDEX_DTYPES = {4: np.int32, 8: np.int64}
 _I64 = np.dtype(np.int64)
@@ -103,14 +118,32 @@ def _zero_workers(R, slots):
     return min(chunks, max(ZERO_WORKERS, -(-max(R - slots, 0) // scatter.LANES)))
 
 
-def _batch_groups(width, nw, dot):
+def _token_workers(T, K, E, groups, dot):
+    """(shares, parts, groups per part): the warps that share each token's rows (each takes
+    every ``shares``-th, so that no warp has more than a few), and the parts of a row of
+    ``groups`` groups (without the dot product; each at least PART_GROUPS groups per lane,
+    starting on a whole warp's groups), for about TOKEN_WARPS workers; (1, 1, groups) from
+    TOKEN_WARPS tokens on. The dot product of a row stays one warp's: its order is the
+    lanes' (docs/gradients.rst)."""
+    shares = row_parts(T, min(K, E), TOKEN_WARPS, 1)[0]
+    if dot:
+        return shares, 1, groups
+    parts, pg = row_parts(
+        T * shares, groups, TOKEN_WARPS, PART_GROUPS * scatter.LANES, scatter.LANES
+    )
+    return shares, parts, pg
+
+
+def _batch_groups(width, groups, dot, workers):
     """16-byte groups a scatter thread holds at once: the fewest of its BATCH_GROUPS that
-    take the whole row (16-byte words; narrower words come from odd rows: the smallest)."""
+    take the whole part of ``groups`` groups (16-byte words; narrower words come from odd
+    rows: the smallest); with the dot product the smallest for more than WIDE_DOT_WARPS
+    token ``workers``."""
     batches = scatter.BATCH_GROUPS[dot]
-    if width != 16:
+    if width != 16 or (dot and workers > WIDE_DOT_WARPS):
         return batches[0]
     for nb in batches:
-        if nb * scatter.LANES >= nw:
+        if nb * scatter.LANES >= groups:
             return nb
     return batches[-1]
 
@@ -119,17 +152,20 @@ def _plan_launches(T, E, K, R, H, width, data_type, weighted, dot, bits, validat
     """The call's geometry, scratch layout and kernels (see the module docstring)."""
     nw = H * ITEMSIZE[data_type] // width
     npz = _zero_workers(R, T * K)
+    shares, parts, pg = _token_workers(T, K, E, -(-nw * width // 16), dot)
     steps = check_steps(T, E, K, bits) if validate else []
     owner_grid = max(1, min(OWNER_BLOCKS, -(-T * E // OWNER_BD)))
     steps.append(Step(CLAIM.get(NoKey()), CLAIM, owner_grid, OWNER_BD))
     steps.append(Step(COLLIDE.get(NoKey()), COLLIDE, owner_grid, OWNER_BD))
     checked = len(steps)
-    if npz + T > 0:
-        nb = _batch_groups(width, nw, dot)
+    workers = T * shares * parts
+    if npz + workers > 0:
+        nb = _batch_groups(width, pg, dot, T * shares)
         kernel = SCATTER.get(ScatterKey(width, data_type, weighted, dot, nb, bits))
-        grid = -(-(npz + T) // scatter.WARPS)
+        grid = -(-(npz + workers) // scatter.WARPS)
         steps.append(Step(kernel, SCATTER, grid, scatter.WARPS * scatter.LANES))
     constants = dict(T=T, R=R, E=E, K=K, TE=T * E, nw=nw, npz=npz, want_status=int(validate))
+    constants.update(shares=shares, nparts=parts, pg=pg)
     return _Launches(
         launches=LaunchSequence(steps, constants, _SLOTS),
         checked=checked,
