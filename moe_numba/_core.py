@@ -14,9 +14,7 @@ library by name: the public functions (:mod:`moe_numba._api`) and the torch inte
 
 from __future__ import annotations
 
-import sys
-
-from ._cache import BoundedCache
+from ._cache import BoundedCache, on_clear
 from ._capacities import forget_capacity_plans, with_capacities
 from ._contract import (
     ArrayMeta,
@@ -134,17 +132,13 @@ UNPERMUTE_BACKWARD = CallCache(check_unpermute_backward_metadata)
 SORT_CHUNKS = CallCache(check_sort_metadata)
 
 
+@on_clear
 def clear():
-    """Forget every prepared call of every op, the capacities planned for them and, where
-    the GPU backend is loaded, its launch plans and device copies of capacities (the torch
-    integration's recorded calls and this are :func:`moe_numba.torch._replay.clear`'s)."""
+    """Forget every prepared call of every op and the capacities planned for them (one of
+    the clears of :func:`moe_numba.clear`)."""
     for calls in (PERMUTE, UNPERMUTE, PERMUTE_BACKWARD, UNPERMUTE_BACKWARD, SORT_CHUNKS):
         calls.clear()
     forget_capacity_plans()
-    gpu = sys.modules.get("moe_numba._gpu")  # (not loaded: nothing of it to forget)
-    backend = None if gpu is None else gpu.loaded_backend()
-    if backend is not None:
-        backend.clear()
 
 
 def _allocator(empty):

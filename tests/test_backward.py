@@ -31,14 +31,13 @@ from _gradients import (
     with_gradients,
 )
 from moe_numba import (
-    _core,
     _oracle,
     moe_permute,
     moe_permute_backward,
     moe_unpermute,
     moe_unpermute_backward,
 )
-from moe_numba.kernels import unpermute as UP
+from moe_numba.kernels import use_settings
 
 CANONICAL_NAN_BITS = {
     np.dtype(np.float32): 0x7FC00000,
@@ -179,13 +178,11 @@ def test_edge_shapes(
         )
 
 
-def test_permute_backward_rows_split_into_parts(backend, monkeypatch, request):
+@use_settings(part_words=2)
+def test_permute_backward_rows_split_into_parts(backend):
     """The GPU's combine splits a small call's rows among blocks (parts of 2 words here; the
     CPU backend has no parts): each part folds its words, part 0 writes the counted-slot
     probabilities, repeated experts included."""
-    monkeypatch.setattr(UP, "PART_WORDS", 2)
-    _core.clear()  # (the launch plans follow PART_WORDS: none of either setting kept)
-    request.addfinalizer(_core.clear)
     backend = with_gradients(backend)
     rng = np.random.default_rng(3)
     routemap, rowmap, r = routed(rng, 5, 3, 6, 2, repeats=0.3)

@@ -1,14 +1,14 @@
 """The GPU gradient ops (``moe_numba._gpu``'s permute_backward / unpermute_backward and the
 kernels behind them) in numba's CUDA simulator, bit for bit against the NumPy oracle.
 
-Block sizes are patched down so that tiny inputs still take several claim and collide
-blocks (grid-stride, the ticket), several chunks per zero worker, rows in several batches
-and compute steps, tokens with more rows than a warp lists at once, and list overflows in
-the combine. Outputs and scratch come from a poisoning allocator passed to the backend
-(``empty=``), so an element a kernel forgets to write shows up as a mismatch. The
-simulator's ``cuda.fma`` rounds twice; it is replaced by a correctly rounded fma here, so
-the dot product is compared exactly too. The lanes stay 32: they are the dot product's
-order.
+The kernels' settings shrink the blocks (``moe_numba.kernels.use_settings``) so that tiny
+inputs still take several claim and collide blocks (grid-stride, the ticket), several chunks
+per zero worker, rows in several batches and compute steps, tokens with more rows than a
+warp lists at once, and list overflows in the combine. Outputs and scratch come from a
+poisoning allocator passed to the backend (``empty=``), so an element a kernel forgets to
+write shows up as a mismatch. The simulator's ``cuda.fma`` rounds twice; it is replaced by
+a correctly rounded fma here, so the dot product is compared exactly too. The lanes stay 32:
+they are the dot product's order.
 """
 
 import ml_dtypes
@@ -27,21 +27,17 @@ from _cases import (  # noqa: E402
     random_values,
 )
 from _gradients import token_with_40_rows  # noqa: E402
-from moe_numba import _abi, _core, _oracle  # noqa: E402
+from moe_numba import _abi, _oracle  # noqa: E402
 from moe_numba._contract_backward import (  # noqa: E402
     PermuteBackwardArrays,
     UnpermuteBackwardArrays,
     check_permute_backward_metadata,
     check_unpermute_backward_metadata,
 )
+from moe_numba.kernels import use_settings  # noqa: E402
 
 if config.ENABLE_CUDASIM:
     from moe_numba import _gpu  # noqa: E402
-    from moe_numba.kernels import combine, scatter  # noqa: E402
-    from moe_numba.kernels import unpermute as UP  # noqa: E402
-    from moe_numba.kernels import unpermute_backward as UB  # noqa: E402
-
-    BACKEND = _gpu.gpu_backend()
 
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
 ROW_SHAPES = [  # (dtype, H): the row sizes pick 16-, 8-, 4- and 2-byte words
@@ -60,29 +56,26 @@ def _name(x):
     return getattr(x, "__name__", str(x))
 
 
+# claim and collide in blocks of 16 threads, at most 3 (grid-stride; the last block writes
+# the status), zero workers at least 2 (each takes several chunks of 32 rows), a thread holds
+# 1 or 2 groups of a row (rows go in several batches), the combine in blocks of 16 threads and
+# the check in 3 blocks of 16
+SMALL = dict(owner_bd=16, owner_blocks=3, zero_workers=2, batch_groups=((1, 2), (1, 2)))
+SMALL.update(combine_bd=16, min_bd=8, check_bd=16, check_blocks=3)
+
+
 @pytest.fixture(autouse=True)
 def small_geometry(monkeypatch):
-    """claim and collide in blocks of 16 threads, at most 3 (grid-stride; the last block
-    writes the status), zero workers at least 2 (each takes several chunks of 32 rows), a
-    thread holds 1 or 2 groups of a row (rows go in several batches), the combine in blocks
-    of 16 threads and the check in 3 blocks of 16. The launch plans cached under the real
-    geometry are forgotten."""
-    for module, values in (
-        (UB, dict(OWNER_BD=16, OWNER_BLOCKS=3, ZERO_WORKERS=2)),
-        (scatter, dict(BATCH_GROUPS={False: (1, 2), True: (1, 2)})),
-        (UP, dict(COMBINE_BD=16, MIN_BD=8, CHECK_BD=16, CHECK_BLOCKS=3)),
-    ):
-        for name, value in values.items():
-            monkeypatch.setattr(module, name, value)
+    """Every test under :data:`SMALL` (``use_settings`` forgets the launch plans on the way
+    in and out), with an exact fma."""
     from numba.cuda.simulator import kernelapi
 
     def exact_fma(self, a, b, c):
         return np.float32(_oracle.fma_float32(a, b, c))
 
     monkeypatch.setattr(kernelapi.FakeCUDAModule, "fma", exact_fma)
-    _core.clear()  # (launch plans follow the geometry: none of the real one, none left after)
-    yield
-    _core.clear()
+    with use_settings(**SMALL):
+        yield
 
 
 class Poisoned:
@@ -114,14 +107,14 @@ def compare(actual, expected, names):
 
 
 def run_backend(op, plan, host_arrays, expected, status_expected, scratch, names):
-    """``BACKEND.<op>`` (validate on and off) on device copies of ``host_arrays``: every
+    """The GPU backend's ``op`` (validate on and off) on device copies of ``host_arrays``: every
     output and status word as expected, ``scratch`` (validate, not) scratch allocations, no
     input changed."""
     copies = [None if x is None else x.copy() for x in host_arrays]
     arrays = type(host_arrays)(*(device(x) for x in host_arrays))
     for validate in (True, False):
         empty = Poisoned()
-        out, status = getattr(BACKEND, op)(plan, arrays, validate, empty=empty)
+        out, status = getattr(_gpu.gpu_backend(), op)(plan, arrays, validate, empty=empty)
         assert empty.scratch == scratch[0 if validate else 1]
         if validate:
             np.testing.assert_array_equal(status, status_expected)
@@ -338,8 +331,8 @@ def test_permute_backward_word_widths(dtype, H):
     assert (status == -1).all()
 
 
-def test_permute_backward_optional_inputs_and_bad_entries(monkeypatch):
-    monkeypatch.setattr(combine, "LMAX", 2)  # tokens with > 2 rows walk the rowmap instead
+@use_settings(lmax=2)  # tokens with > 2 rows walk the rowmap instead
+def test_permute_backward_optional_inputs_and_bad_entries():
     rng = np.random.default_rng(11)
     T, K, E, R, H = 8, 3, 5, 20, 6
     routemap, rowmap = permuted(rng, T, K, E, R, repeats=0.5)

@@ -1,9 +1,13 @@
-"""The core remembers each op's prepared calls in one cache per op, and forgets them all at
-once (``_core.clear``)."""
+"""The core remembers each op's prepared calls in one cache per op; ``moe_numba.clear`` forgets
+them, and every other cache of the library, at once."""
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+import moe_numba
 from moe_numba import _core, moe_permute
 from moe_numba._contract import PermuteArrays
 
@@ -17,15 +21,16 @@ def test_clear_forgets_every_prepared_call():
     scalars = _core.permute_scalars(2, 1, True, False, False, -1, True, False)
     first = _core.PERMUTE.prepare(arrays, scalars)
     assert _core.PERMUTE.prepare(arrays, scalars) is first  # remembered
-    _core.clear()
+    moe_numba.clear()
     again = _core.PERMUTE.prepare(arrays, scalars)
     assert again is not first and again[1] == first[1]  # prepared anew, the same plan
 
 
 @pytest.mark.sim
 def test_clear_forgets_the_gpu_backends_plans_and_copies():
-    """Where the GPU backend is loaded, ``_core.clear`` also forgets its launch plans and its
-    device copies of capacities (met twice: copied), and the next calls make them again."""
+    """Where the GPU backend is loaded, ``moe_numba.clear`` also forgets its launch plans and
+    the backend with its device copies of capacities (met twice: copied), and the next calls
+    make them again."""
     from numba import cuda
 
     from moe_numba import _gpu
@@ -38,7 +43,28 @@ def test_clear_forgets_the_gpu_backends_plans_and_copies():
         moe_permute(x, None, routes, probs, 2, [2, 2], 1)
     backend = _gpu.loaded_backend()
     assert len(PM.LAUNCH_PLANS) > 0 and len(backend._capacities) == 1
-    _core.clear()
-    assert len(PM.LAUNCH_PLANS) == 0 and len(backend._capacities) == 0
+    moe_numba.clear()
+    assert len(PM.LAUNCH_PLANS) == 0 and _gpu.loaded_backend() is None
     rows = moe_permute(x, None, routes, probs, 2, [2, 2], 1)[0]
     assert rows.shape == (4, 2) and len(PM.LAUNCH_PLANS) == 1
+    assert len(_gpu.loaded_backend()._capacities) == 1  # (met again: staged, not copied)
+
+
+def test_clear_imports_nothing_it_would_clear():
+    """``moe_numba.clear`` clears what is loaded only: it imports neither numba nor torch."""
+    code = "import sys, moe_numba; moe_numba.clear(); print(sorted(sys.modules))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert "'numba'" not in loaded and "'torch'" not in loaded
+
+
+def test_clear_forgets_the_torch_replays_once_the_torch_integration_is_loaded():
+    """The torch integration registers its recorded calls with ``moe_numba.clear`` when it
+    loads: they are forgotten by it (that a cleared key records anew is checked on a GPU,
+    in test_torch_replay)."""
+    pytest.importorskip("torch")
+    from moe_numba import _cache
+    from moe_numba.torch import _replay
+
+    assert _replay.clear in _cache._CLEARS  # (the clears of the loaded modules)

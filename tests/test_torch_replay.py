@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import moe_numba
 from _torch_cases import CUDA, assert_same_bits, routing, to_numpy, to_torch, torch  # noqa: F401
 from moe_numba import (
     _oracle,
@@ -43,9 +44,7 @@ class _ReplaysRun:
 def replays():
     """Counts of the replays that ran during the test, which starts with nothing recorded
     and no capacities met (the schedule of recordings depends on both)."""
-    from moe_numba.torch import _replay
-
-    _replay.clear()
+    moe_numba.clear()
     return _ReplaysRun()
 
 

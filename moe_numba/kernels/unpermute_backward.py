@@ -4,11 +4,13 @@
 
     kernel    module      grid                          block            launched when
     init      .check      1                             32               validate
-    check     .check      as for moe_unpermute          CHECK_BD         validate
-    claim     .owner      (T * E) / OWNER_BD,           OWNER_BD         always
-                          at most OWNER_BLOCKS
-    collide   .owner      the same                      OWNER_BD         always
+    check     .check      as for moe_unpermute          check_bd         validate
+    claim     .owner      (T * E) / owner_bd,           owner_bd         always
+                          at most owner_blocks
+    collide   .owner      the same                      owner_bd         always
     scatter   .scatter    (npz + T) / WARPS workers     WARPS * LANES    npz + T > 0
+
+(the blocks in lower case are the settings', :class:`._settings.Settings`.)
 
 init and check are moe_unpermute's (:func:`.unpermute.check_steps`): the same value rules
 and status slots. claim and collide find each row's pair without atomics (:mod:`.owner`);
@@ -28,12 +30,11 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _abi
-from .._cache import BoundedCache
 from ..runtime._buffer import DeviceBuffer, carve
 from ..runtime._launch import launcher_for, optional_arg
 from ..runtime._sequence import LaunchSequence, Step
 from ..runtime._status import StatusWords, status_arg
-from . import scatter
+from . import _settings, scatter
 from ._copy import WORD_DTYPE, word_width
 from ._family import NoKey
 from .combine import ITEMSIZE, widths
@@ -42,10 +43,6 @@ from .scatter import SCATTER, ScatterKey
 from .unpermute import check_scratch, check_steps
 
 FAMILIES = (CLAIM, COLLIDE, SCATTER)
-
-OWNER_BD = 256  # threads of a claim or collide block
-OWNER_BLOCKS = 2048  # most claim or collide blocks (each thread then takes a few entries)
-ZERO_WORKERS = 256  # fewest zero workers (when there are as many chunks of rows)
 
 _INDEX_DTYPES = {4: np.int32, 8: np.int64}
 _I64 = np.dtype(np.int64)
@@ -90,23 +87,24 @@ class _Launches(NamedTuple):
     scratch: tuple  # (count, dtype) of each scratch part: owner, dups
 
 
-# call key -> planned launches (they follow the module's settings; the GPU backend's clear()
-# empties it); token counts vary between calls
-LAUNCH_PLANS = BoundedCache(1024)
+# call key -> planned launches (they follow the settings); token counts vary between calls
+LAUNCH_PLANS = _settings.launch_plans()
 
 
 def _zero_workers(R, slots):
     """Warps that test the rows' owners (a chunk of LANES rows each) and zero the rows
     without a pair: one per chunk of the rows there would be with every routing slot
-    filled (``R - slots``), at least ZERO_WORKERS, at most R's chunks."""
+    filled (``R - slots``), at least ``zero_workers``, at most R's chunks."""
     chunks = -(-R // scatter.LANES)
-    return min(chunks, max(ZERO_WORKERS, -(-max(R - slots, 0) // scatter.LANES)))
+    least = _settings.current.zero_workers
+    return min(chunks, max(least, -(-max(R - slots, 0) // scatter.LANES)))
 
 
 def _batch_groups(width, nw, dot):
-    """16-byte groups a scatter thread holds at once: the fewest of its BATCH_GROUPS that
-    take the whole row (16-byte words; narrower words come from odd rows: the smallest)."""
-    batches = scatter.BATCH_GROUPS[dot]
+    """16-byte groups a scatter thread holds at once: the fewest of ``batch_groups[dot]``
+    that take the whole row (16-byte words; narrower words come from odd rows: the
+    smallest)."""
+    batches = _settings.current.batch_groups[dot]
     if width != 16:
         return batches[0]
     for nb in batches:
@@ -120,9 +118,10 @@ def _plan_launches(T, E, K, R, H, width, data_type, weighted, dot, bits, validat
     nw = H * ITEMSIZE[data_type] // width
     npz = _zero_workers(R, T * K)
     steps = check_steps(T, E, K, bits) if validate else []
-    owner_grid = max(1, min(OWNER_BLOCKS, -(-T * E // OWNER_BD)))
-    steps.append(Step(CLAIM.get(NoKey()), CLAIM, owner_grid, OWNER_BD))
-    steps.append(Step(COLLIDE.get(NoKey()), COLLIDE, owner_grid, OWNER_BD))
+    s = _settings.current
+    owner_grid = max(1, min(s.owner_blocks, -(-T * E // s.owner_bd)))
+    steps.append(Step(CLAIM.get(NoKey()), CLAIM, owner_grid, s.owner_bd))
+    steps.append(Step(COLLIDE.get(NoKey()), COLLIDE, owner_grid, s.owner_bd))
     checked = len(steps)
     if npz + T > 0:
         nb = _batch_groups(width, nw, dot)

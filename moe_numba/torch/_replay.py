@@ -40,6 +40,7 @@ stream is being captured either: the full path keeps a graph's capacities for go
 from __future__ import annotations
 
 from .. import _core
+from .._cache import on_clear
 
 try:  # (built with the C launcher: without it nothing is recorded)
     from ._replay_c import ReplayedOp, replays_run
@@ -88,11 +89,9 @@ UNPERMUTE_BACKWARD = _Op(
 OPS = (PERMUTE, UNPERMUTE, PERMUTE_BACKWARD, UNPERMUTE_BACKWARD)
 
 
+@on_clear
 def clear():
-    """Forget every op's replays and what the core keeps per call (:func:`moe_numba._core.clear`):
-    the next calls plan, record and upload anew (tools that change the kernels' module
-    settings between calls, since a replay keeps the launches it recorded; tests that need
-    calls met for the first time)."""
-    _core.clear()
+    """Forget every op's replays: the next calls record anew (one of the clears of
+    :func:`moe_numba.clear`, registered when the torch integration loads)."""
     for op in OPS:
         op.clear()
