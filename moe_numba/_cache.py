@@ -30,25 +30,25 @@ def on_clear(hook: Callable[[], None]) -> Callable[[], None]:
 
 
 def clear() -> None:
-    """Forget every cache moe-numba holds; the next calls check, plan, compile nothing new,
-    and record again.
+    """Forget every cache moe-numba holds: the next calls check, plan, upload and record
+    anew, as the first calls of a process do (nothing is compiled again).
 
     That is: the checked metadata and capacity plans of every op, the GPU backend (its device
     copies of capacities; the next CUDA call checks again for a usable GPU), the GPU
     kernels' launch plans, the GPU runtime's launch configurations and pooled pinned blocks
-    (:meth:`moe_numba.runtime.Runtime.reset`), and the torch integration's recorded calls.
-    Only what is loaded is cleared: this imports neither numba nor torch.
+    (``moe_numba.runtime.get_runtime().reset()``), and the torch integration's recorded
+    calls. Only what is loaded is cleared: this imports neither numba nor torch.
 
-    Kept: the compiled kernels (they follow no call and no setting that may change on a GPU),
-    and the pinned blocks that a CUDA graph captured on this process may read at each
-    replay (:meth:`~moe_numba.runtime.Runtime.reset` says why).
+    Kept: the compiled kernels, and the pinned blocks that a CUDA graph captured in this
+    process may read at each of its replays (nothing tells the library when the graph is
+    destroyed).
 
     Notes
     -----
     Call it between calls, not during one: a call running in another thread meanwhile keeps
     what it has already looked up and may store it again. Changing the GPU kernels'
-    settings (:func:`moe_numba.kernels.use_settings`) and the runtime's driver
-    (:meth:`moe_numba.runtime.Runtime.use_driver`) clears this way on their own.
+    settings (``moe_numba.kernels.use_settings``) or the runtime's driver
+    (``Runtime.use_driver``) clears this way on its own.
     """
     for hook in tuple(_CLEARS):
         hook()

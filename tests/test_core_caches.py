@@ -57,14 +57,3 @@ def test_clear_imports_nothing_it_would_clear():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert "'numba'" not in loaded and "'torch'" not in loaded
-
-
-def test_clear_forgets_the_torch_replays_once_the_torch_integration_is_loaded():
-    """The torch integration registers its recorded calls with ``moe_numba.clear`` when it
-    loads: they are forgotten by it (that a cleared key records anew is checked on a GPU,
-    in test_torch_replay)."""
-    pytest.importorskip("torch")
-    from moe_numba import _cache
-    from moe_numba.torch import _replay
-
-    assert _replay.clear in _cache._CLEARS  # (the clears of the loaded modules)

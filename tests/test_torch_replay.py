@@ -355,6 +355,19 @@ def test_a_graph_keeps_its_capacities_after_the_caches_dropped_them(replays):
         _assert_outputs(captured, _expected_permute(case))
 
 
+def test_the_librarys_clear_forgets_the_replays(replays):
+    """``moe_numba.clear()`` forgets the recorded calls: the call right after it takes the
+    full path, where it would have replayed."""
+    case, t = _case(6)
+    for _ in range(3):
+        _permute(t, case)
+    ran = replays["calls"]
+    assert ran >= 1
+    moe_numba.clear()
+    _assert_outputs(_permute(t, case), _expected_permute(case))
+    assert replays["calls"] == ran
+
+
 def test_cleared_replays_record_anew(replays):
     """After ``clear()`` a key is new again: a full call that records it, then replays (what
     ``tools/split_rows.py`` relies on when it changes the kernels' settings)."""

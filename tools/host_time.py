@@ -32,7 +32,7 @@ from moe_numba._dispatch import call_key
 from moe_numba._outputs import permute_outputs
 from moe_numba.bench._hold import HOLD
 from moe_numba.kernels._family import NoKey
-from moe_numba.runtime import _launch
+from moe_numba.runtime import _launch, get_runtime
 
 DEVICE = torch.device("cuda", 0)
 H, K, E = 7168, 8, 64
@@ -145,7 +145,8 @@ def pieces(A, x, routes, probs, counts):
 
 
 def main():
-    print(f"launches through the driver (ctypes): {_launch._DRIVER is not None}")
+    runtime = get_runtime()
+    print(f"launches through the driver (ctypes): {runtime.driver is not None}")
     for T, A in SHAPES:
         inputs = case(T, A)
         for name, fn in operations(T, A, *inputs).items():
@@ -162,13 +163,11 @@ def main():
             parts = pieces(A, x, routes, probs, counts)
             for name, fn in parts.items():
                 print(f"    {name:30s} {timed(fn):6.2f} us", flush=True)
-            driver, _launch._DRIVER = _launch._DRIVER, None  # the same through cuda.core
-            try:
+            # the same through cuda.core (nothing recorded with the driver is replayed)
+            with runtime.use_driver(None):
                 permute = operations(T, A, *inputs)["permute"]
                 print(f"    {'launch, cuda.core':30s} {timed(parts['launch']):6.2f} us")
                 print(f"    {'whole permute, cuda.core':30s} {timed(permute):6.2f} us")
-            finally:
-                _launch._DRIVER = driver
 
 
 if __name__ == "__main__":

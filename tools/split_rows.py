@@ -8,11 +8,10 @@ Run on a machine with a GPU and torch::
 bf16, H = 7168, K = 8, E = 64, ``validate=False``; µs per call of 50 back-to-back calls behind
 a held stream (CUDA events, the median of 5 batches: ``python -m moe_numba bench``'s timer).
 Each setting's outputs are compared bit for bit with the first setting's ("DIFF" marks a
-mismatch). The settings are module constants of the kernels' host side, set here and
-restored after. Each setting starts with no launch plans
-and no replays (:mod:`moe_numba.torch._replay`; a replay keeps the launches it recorded, so
-it would go on launching the previous setting's kernels), and its calls then replay as a
-user's would. "HOST" marks a figure for which the hold let the stream go before the host had
+mismatch). The settings are fields of the kernels' :class:`moe_numba.kernels.Settings`, each
+value in force for its calls (``use_settings``, which starts it with no launch plans and no
+replays: a replay keeps the launches it recorded), and its calls then replay as a user's
+would. "HOST" marks a figure for which the hold let the stream go before the host had
 enqueued a batch: it then holds host time.
 """
 
@@ -23,9 +22,7 @@ import sys
 import torch
 
 import moe_numba
-from moe_numba.kernels import permute as PM
-from moe_numba.kernels import unpermute as UP
-from moe_numba.torch import _replay
+from moe_numba.kernels import use_settings
 
 DEVICE = torch.device("cuda", 0)
 H, K, E = 7168, 8, 64
@@ -86,25 +83,20 @@ def calls(T, A):
     }
 
 
-def sweep(label, module, name, settings, shapes, ops):
-    """One line per shape and op: the GPU time for each value of ``module.name``."""
-    print(f"{label}: {name} = " + ", ".join(map(str, settings)))
-    saved = getattr(module, name)
-    try:
-        for T, A in shapes:
-            fns = calls(T, A)
-            for op in ops:
-                ref, row = None, []
-                for value in settings:
-                    setattr(module, name, value)
-                    _replay.clear()  # (launch plans and replays follow the setting)
+def sweep(label, name, values, shapes, ops):
+    """One line per shape and op: the GPU time for each of ``values`` of the setting
+    ``name``."""
+    print(f"{label}: {name} = " + ", ".join(map(str, values)))
+    for T, A in shapes:
+        fns = calls(T, A)
+        for op in ops:
+            ref, row = None, []
+            for value in values:
+                with use_settings(**{name: value}):
                     out = fns[op]()
                     ref = out if ref is None else ref
                     row.append(gpu_figure(fns[op]) + ("" if same(out, ref) else " DIFF"))
-                print(f"  T={T:5d} A={A:3d} {op:12s} " + " ".join(row), flush=True)
-    finally:
-        setattr(module, name, saved)
-        _replay.clear()
+            print(f"  T={T:5d} A={A:3d} {op:12s} " + " ".join(row), flush=True)
 
 
 def main(names):
@@ -113,16 +105,14 @@ def main(names):
     sweeps = {
         "parts": lambda: sweep(
             "gather row parts",
-            PM,
-            "TOKEN_WARPS",
+            "token_warps",
             (1, 1024, 2048, 4096, 8192, 16384),
             ((64, 16), (256, 16), (256, 1), (1024, 16), (2048, 128), *large, (16384, 1)),
             ("permute",),
         ),
         "combine": lambda: sweep(
             "combine row parts",
-            UP,
-            "TOKEN_BLOCKS",
+            "token_blocks",
             (1, 256, 512, 1024, 2048, 4096),
             ((64, 16), (256, 16), (1024, 16), *large),
             ("unpermute", "permute_bwd"),
@@ -130,8 +120,7 @@ def main(names):
         # 2048: one block up to T = 256 (K = 8); 0: every call counts in chunks
         "one-block": lambda: sweep(
             "one-block count",
-            PM,
-            "ONE_BLOCK_SLOTS",
+            "one_block_slots",
             (2048, 1024, 0),
             small,
             ("permute",),
