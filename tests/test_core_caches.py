@@ -57,3 +57,30 @@ def test_clear_imports_nothing_it_would_clear():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert "'numba'" not in loaded and "'torch'" not in loaded
+
+
+def test_clear_frees_the_runtimes_pinned_blocks_and_calls_go_on(backend):
+    """On a GPU, a call with validate=True waits for status words in a pinned block, and
+    capacities met for the first time are staged in another; both go back to the runtime's
+    pools, which ``moe_numba.clear`` frees. Later calls make new blocks, and give the same
+    outputs."""
+    if not backend.needs_gpu:
+        pytest.skip("pinned blocks are made for a real GPU's calls")
+    from moe_numba.runtime import get_runtime
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    routes = np.stack([rng.permutation(4)[:2] for _ in range(64)]).astype(np.int32)
+    probs = rng.random((64, 2)).astype(np.float32)
+    counts = np.bincount(routes.ravel(), minlength=4).tolist()
+    expected = moe_permute(x, None, routes, probs, 4, counts, 8)
+    args = [backend.to_device(x), None, backend.to_device(routes), backend.to_device(probs)]
+    runtime = get_runtime()
+    moe_numba.clear()
+    for _ in range(2):  # (new capacities after the clear: staged again)
+        outputs = moe_permute(*args, 4, counts, 8)
+        assert any(runtime.status_pools.values()) and any(runtime.staged_pools.values())
+        for actual, wanted in zip(outputs, expected, strict=True):
+            np.testing.assert_array_equal(backend.to_host(actual), wanted)
+        moe_numba.clear()
+        assert not runtime.status_pools and not runtime.staged_pools

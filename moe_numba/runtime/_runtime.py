@@ -1,27 +1,27 @@
 """The runtime's state: one :class:`Runtime` per process holds what launches keep between calls.
 
-=================  ==========================================================  ===========
-attribute          what it holds                                               ``reset()``
-=================  ==========================================================  ===========
-``driver``         the launcher over libcuda (:class:`._driver.DriverLauncher`)  kept
-                   and its launch configurations, or None (``cuda.core``)      (configs
-                                                                               forgotten)
-``griddep``        per device: whether its launches may overlap (programmatic  forgotten
-                   dependent launches, :mod:`._launch`)
-``streams``,       ``cuda.core`` streams and launch configurations (the        forgotten
-``configs``        launches without the driver)
-``staged_pools``   pinned blocks of staged values, per device and size         freed
-                   (:mod:`._staged`)
-``status_pools``   pinned blocks of status words, per device (:mod:`._status`)  freed
-``kept``           pinned blocks of values that a CUDA graph reads at every    kept
-                   replay (:func:`._staged.kept_words`)
-=================  ==========================================================  ===========
+================  ===============================================================  ==========
+attribute         what it holds                                                    reset()
+================  ===============================================================  ==========
+``driver``        the launcher over libcuda (:class:`._driver.DriverLauncher`)     kept
+                  with its launch configurations, or None (``cuda.core``)          (configs
+                                                                                   forgotten)
+``griddep``       per device: may its launches overlap (:mod:`._launch`)           forgotten
+``streams``,      ``cuda.core`` streams and launch configurations (the launches    forgotten
+``configs``       without the driver)
+``staged_pools``  pinned blocks of staged values, per device and size              freed
+                  (:mod:`._staged`)
+``status_pools``  pinned blocks of status words, per device (:mod:`._status`)      freed
+``kept``          pinned blocks of values that a CUDA graph reads at every         kept
+                  replay (:func:`._staged.kept_words`)
+================  ===============================================================  ==========
 
-The runtime's modules read these attributes on every call (an attribute of the one instance,
-which is never replaced, where a module global stood: no function is called for them);
-nothing else writes them. :meth:`Runtime.reset` is one of the clears of ``moe_numba.clear``,
-and :meth:`Runtime.use_driver` swaps the driver for a test's stand-in. Models: CuPy's memory
-pools (``free_all_blocks``, ``set_pinned_memory_allocator``) and numba-cuda's context.
+The runtime's modules read these attributes on every call: attributes of the one instance,
+which is never replaced (its state is reset in place), so a launch calls no function for
+them. Nothing else writes them. :meth:`Runtime.reset` is one of the clears of
+``moe_numba.clear``, and :meth:`Runtime.use_driver` swaps the driver for a test's stand-in.
+Models: CuPy's memory pools (``free_all_blocks``, ``set_pinned_memory_allocator``) and
+numba-cuda's context.
 """
 
 from __future__ import annotations
@@ -130,8 +130,9 @@ class Runtime:
         The block starts with nothing that the runtime kept for the other driver (its
         state is set aside and comes back after the block), and the library's caches
         are cleared on the way in and out (``moe_numba.clear()``): launch plans and
-        recorded calls hold the driver's function addresses. The simulator launches
-        through numba, whatever the driver.
+        recorded calls hold the driver's function addresses. The runtime is the process's:
+        swap its driver between calls, not while another thread launches. The simulator
+        launches through numba, whatever the driver.
         """
         if c_launch is not None and type(c_launch) is not bool:
             raise TypeError(f"c_launch must be a bool or None; got {c_launch!r}")
