@@ -106,16 +106,27 @@ def counts_of(rm, E):
 
 
 def run_permute(
-    hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=True, override=-1, **seen
+    hidden,
+    scale,
+    rm,
+    probs,
+    E,
+    tpe,
+    A,
+    do_gather=True,
+    indices=True,
+    override=-1,
+    backend=None,
+    calls=None,
 ):
     """Run the GPU backend (validate on and off) and the oracle; assert every output and
     status word is identical (``indices``: the expert indices and the expert offsets asked
     for). Returns the status words.
 
-    ``backend=``: the GPU backend to run (default: the one in use); ``calls=``: a list that
+    ``backend``: the GPU backend to run (default: the one in use); ``calls``: a list that
     gets each call's allocations (:class:`moe_numba._gpu._Call`, which says whether the call
     staged its capacities)."""
-    backend = seen.get("backend") or _gpu.gpu_backend()
+    backend = _gpu.gpu_backend() if backend is None else backend
     T, K = rm.shape
     (expected, status_expected) = _oracle.permute(
         hidden, scale, rm, probs, E, tpe, A, do_gather, indices, override, indices
@@ -142,7 +153,8 @@ def run_permute(
     for validate in (True, False):
         empty = Poisoned()
         call = _gpu._Call(arrays.hidden_states, empty)
-        seen.get("calls", []).append(call)
+        if calls is not None:
+            calls.append(call)
         out, status = backend.permute(plan, arrays, validate, call=call)
         assert empty.scratch == 1
         if validate:
