@@ -12,10 +12,12 @@ Importing this package does not import numba, torch or CuPy.
 from ._api import moe_permute, moe_unpermute
 from ._api_backward import moe_permute_backward, moe_unpermute_backward
 from ._api_sort import moe_sort_chunks
+from ._cache import clear
 from ._errors import GPUUnavailableError
 
 __all__ = [
     "GPUUnavailableError",
+    "clear",
     "moe_permute",
     "moe_permute_backward",
     "moe_sort_chunks",

@@ -18,9 +18,7 @@ the core calls up into no front and knows no array library by name.
 
 from __future__ import annotations
 
-import sys
-
-from ._cache import BoundedCache
+from ._cache import BoundedCache, on_clear
 from ._capacities import forget_capacity_plans, with_capacities
 from ._contract import ArrayMeta
 from ._dispatch import call_key, check_arrays, check_given, locate
@@ -95,17 +93,13 @@ class CallCache:
 CALLS = {op: CallCache(op) for op in OPS}
 
 
+@on_clear
 def clear():
-    """Forget every prepared call of every op, the capacities planned for them and, where
-    the GPU backend is loaded, its launch plans and device copies of capacities (the torch
-    integration's recorded calls and this are :func:`moe_numba.torch._replay.clear`'s)."""
+    """Forget every prepared call of every op and the capacities planned for them (one of
+    the clears of :func:`moe_numba.clear`)."""
     for calls in CALLS.values():
         calls.clear()
     forget_capacity_plans()
-    gpu = sys.modules.get("moe_numba._gpu")  # (not loaded: nothing of it to forget)
-    backend = None if gpu is None else gpu.loaded_backend()
-    if backend is not None:
-        backend.clear()
 
 
 def prepare(op, arrays, scalars, capacities=None):

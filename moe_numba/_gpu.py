@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._cache import BoundedCache
+from ._cache import BoundedCache, on_clear
 from ._contract import UnpermuteArrays
 from ._errors import INSTALL_GPU_EXTRA, GPUUnavailableError, numba_unavailable
 from ._libraries import array_library
@@ -46,6 +46,14 @@ def gpu_backend():
             )
         _BACKEND = _GPUBackend()
     return _BACKEND
+
+
+@on_clear
+def _forget_backend():
+    """Drop the GPU backend (its device copies of capacities go with it): the next CUDA call
+    checks again for a usable GPU and makes a new one (``moe_numba.clear``)."""
+    global _BACKEND
+    _BACKEND = None
 
 
 class _Call:
@@ -158,7 +166,14 @@ _MET = object()  # a capacities cache entry: values met once, staged, with no de
 
 
 class _GPUBackend:
-    def __init__(self):
+    """The GPU backend: the ops on CUDA arrays (:func:`gpu_backend` makes the one in use).
+
+    ``capturing(stream)`` and ``kept_words(device, values)`` replace the runtime's
+    :func:`~.runtime._staged.capturing` and :func:`~.runtime._staged.kept_words` when given
+    (the simulator's tests pretend a stream capture, which the simulator cannot do).
+    """
+
+    def __init__(self, capturing=None, kept_words=None):
         from .kernels import permute, permute_backward, sort_chunks, unpermute, unpermute_backward
         from .runtime import _staged
 
@@ -167,18 +182,10 @@ class _GPUBackend:
         self._sort_chunks = sort_chunks
         self._permute_backward = permute_backward
         self._unpermute_backward = unpermute_backward
-        self._capturing = _staged.capturing
-        self._kept_words = _staged.kept_words
+        self._capturing = _staged.capturing if capturing is None else capturing
+        self._kept_words = _staged.kept_words if kept_words is None else kept_words
         # capacities' values -> their device copy, or _MET where met once (and staged)
         self._capacities = BoundedCache(256)
-
-    def clear(self):
-        """Forget the capacities met and their device copies, and every op's launch plans:
-        calls plan and upload again (after a change of the kernels' module settings, or to
-        give the memory back)."""
-        self._capacities.clear()
-        for planner in (self._permute, self._unpermute, self._unpermute_backward):
-            planner.LAUNCH_PLANS.clear()
 
     def _capacities_on_device(self, call, capacities, capturing, key=None):
         """The buffer of an int64 host array the kernels read (``tokens_per_expert``;

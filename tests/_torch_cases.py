@@ -5,6 +5,8 @@ Every torch test runs on the CPU and, where ``torch.cuda.is_available()``, on CU
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -29,6 +31,28 @@ TORCH_DTYPES = {
     np.dtype(np.float32): torch.float32,
 }
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@contextmanager
+def torch_ops():
+    """The names of the ops that torch's dispatcher runs in the ``with`` block, as torch's
+    profiler records them (it leaves the routes as they are): ``moe_numba::permute`` where
+    a call took the custom op, ``aten::empty`` where it allocated. The list is filled in
+    when the block ends, by an exception too."""
+    from torch.profiler import ProfilerActivity, profile
+
+    names = []
+    profiler = profile(activities=[ProfilerActivity.CPU])
+    try:
+        with profiler:
+            yield names
+    finally:
+        names.extend(event.name for event in profiler.events())
+
+
+def custom_ops(names):
+    """The custom ops of moe_numba among the op ``names`` of :func:`torch_ops`."""
+    return [name for name in names if name.startswith("moe_numba::")]
 
 
 def to_torch(x, device):

@@ -31,15 +31,14 @@ from _gradients import (
     with_gradients,
 )
 from moe_numba import (
-    _core,
     _oracle,
     moe_permute,
     moe_permute_backward,
     moe_unpermute,
     moe_unpermute_backward,
 )
-from moe_numba.kernels import unpermute as UP
-from moe_numba.kernels import unpermute_backward as UB
+from moe_numba.kernels import settings as kernel_settings
+from moe_numba.kernels import use_settings
 
 CANONICAL_NAN_BITS = {
     np.dtype(np.float32): 0x7FC00000,
@@ -180,13 +179,11 @@ def test_edge_shapes(
         )
 
 
-def test_permute_backward_rows_split_into_parts(backend, monkeypatch, request):
+@use_settings(part_words=2)
+def test_permute_backward_rows_split_into_parts(backend):
     """The GPU's combine splits a small call's rows among blocks (parts of 2 words here; the
     CPU backend has no parts): each part folds its words, part 0 writes the counted-slot
     probabilities, repeated experts included."""
-    monkeypatch.setattr(UP, "PART_WORDS", 2)
-    _core.clear()  # (the launch plans follow PART_WORDS: none of either setting kept)
-    request.addfinalizer(_core.clear)
     backend = with_gradients(backend)
     rng = np.random.default_rng(3)
     routemap, rowmap, r = routed(rng, 5, 3, 6, 2, repeats=0.3)
@@ -195,18 +192,22 @@ def test_permute_backward_rows_split_into_parts(backend, monkeypatch, request):
         check_permute_backward(backend, grad_rows, random_probs(rng, (r,)), rowmap, routemap)
 
 
-@pytest.mark.parametrize("token_warps", [1, UB.TOKEN_WARPS], ids=["whole", "shared"])
-def test_token_with_more_rows_than_lanes(backend, monkeypatch, request, token_warps):
+@pytest.mark.parametrize(
+    "token_warps", [1, kernel_settings().scatter_token_warps], ids=["whole", "shared"]
+)
+def test_token_with_more_rows_than_lanes(backend, token_warps):
     """A malformed row map names 40 rows of one token. "whole" (the GPU's plan of a call of
-    TOKEN_WARPS tokens or more): its warp lists 32 at a time, so the rows go in two rounds;
-    rows of 1100 float32 take two batches of dY there, reloaded for the second round.
+    ``scatter_token_warps`` tokens or more): its warp lists 32 at a time, so the rows go in
+    two rounds; rows of 1100 float32 take two batches of dY there, reloaded for the second
+    round.
     "shared" (this small call's plan): four warps take 10 rows each, rows without the dot
     product in two parts (the simulator, far slower, takes narrow rows; the CPU backend has
     neither plan)."""
-    monkeypatch.setattr(UB, "TOKEN_WARPS", token_warps)
-    _core.clear()  # (the launch plans follow TOKEN_WARPS: none of either setting kept)
-    request.addfinalizer(_core.clear)
-    backend = with_gradients(backend)
+    with use_settings(scatter_token_warps=token_warps):
+        _token_with_more_rows_than_lanes(with_gradients(backend))
+
+
+def _token_with_more_rows_than_lanes(backend):
     rng = np.random.default_rng(2)
     T, K, R = 2, 4, 100
     H = 8 if backend.small else 1100

@@ -1,16 +1,16 @@
 """The GPU gradient ops (``moe_numba._gpu``'s permute_backward / unpermute_backward and the
 kernels behind them) in numba's CUDA simulator, bit for bit against the NumPy oracle.
 
-Block sizes are patched down so that tiny inputs still take several claim and collide
-blocks (grid-stride, the ticket), several chunks per zero worker, rows in several batches
-and compute steps, tokens with more rows than a warp lists at once, and list overflows in
-the combine. Every case of the unpermute's gradient runs with the scatter's plan of a large
-call (a warp per token for all its rows) and with that of a small one (each token's rows
-shared among warps, rows without the dot product in parts). Outputs and scratch come from
-a poisoning allocator passed to the backend (``empty=``), so an element a kernel forgets to
-write shows up as a mismatch. The simulator's ``cuda.fma`` rounds twice; it is replaced by
-a correctly rounded fma here, so the dot product is compared exactly too. The lanes stay
-32: they are the dot product's order.
+The kernels' settings shrink the blocks (``moe_numba.kernels.use_settings``) so that tiny
+inputs still take several claim and collide blocks (grid-stride, the ticket), several chunks
+per zero worker, rows in several batches and compute steps, tokens with more rows than a
+warp lists at once, and list overflows in the combine. Every case of the unpermute's
+gradient runs with the scatter's plan of a large call (a warp per token for all its rows)
+and with that of a small one (each token's rows shared among warps, rows without the dot
+product in parts). Outputs and scratch come from a poisoning allocator passed to the backend
+(``empty=``), so an element a kernel forgets to write shows up as a mismatch. The
+simulator's ``cuda.fma`` rounds twice; it is replaced by a correctly rounded fma here, so the
+dot product is compared exactly too. The lanes stay 32: they are the dot product's order.
 """
 
 import ml_dtypes
@@ -29,20 +29,17 @@ from _cases import (  # noqa: E402
     random_values,
 )
 from _gradients import token_with_40_rows  # noqa: E402
-from moe_numba import _abi, _core, _oracle  # noqa: E402
+from moe_numba import _abi, _oracle  # noqa: E402
 from moe_numba._contract_backward import (  # noqa: E402
     PermuteBackwardArrays,
     UnpermuteBackwardArrays,
 )
 from moe_numba._ops import PERMUTE_BACKWARD, UNPERMUTE_BACKWARD  # noqa: E402
+from moe_numba.kernels import Settings, settings, use_settings  # noqa: E402
 
 if config.ENABLE_CUDASIM:
     from moe_numba import _gpu  # noqa: E402
-    from moe_numba.kernels import combine, scatter  # noqa: E402
-    from moe_numba.kernels import unpermute as UP  # noqa: E402
     from moe_numba.kernels import unpermute_backward as UB  # noqa: E402
-
-    BACKEND = _gpu.gpu_backend()
 
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
 ROW_SHAPES = [  # (dtype, H): the row sizes pick 16-, 8-, 4- and 2-byte words
@@ -61,45 +58,42 @@ def _name(x):
     return getattr(x, "__name__", str(x))
 
 
+# claim and collide in blocks of 16 threads, at most 3 (grid-stride; the last block writes
+# the status), zero workers at least 2 (each takes several chunks of 32 rows), a thread holds
+# 1 or 2 groups of a row (rows go in several batches), the combine in blocks of 16 threads and
+# the check in 3 blocks of 16
+SMALL = dict(owner_bd=16, owner_blocks=3, zero_workers=2, batch_groups=((1, 2), (1, 2)))
+SMALL.update(combine_bd=16, min_bd=8, check_bd=16, check_blocks=3)
+
+
 @pytest.fixture(autouse=True)
 def small_geometry(monkeypatch):
-    """claim and collide in blocks of 16 threads, at most 3 (grid-stride; the last block
-    writes the status), zero workers at least 2 (each takes several chunks of 32 rows), a
-    thread holds 1 or 2 groups of a row (rows go in several batches), the combine in blocks
-    of 16 threads and the check in 3 blocks of 16. The launch plans cached under the real
-    geometry are forgotten."""
-    for module, values in (
-        (UB, dict(OWNER_BD=16, OWNER_BLOCKS=3, ZERO_WORKERS=2)),
-        (scatter, dict(BATCH_GROUPS={False: (1, 2), True: (1, 2)})),
-        (UP, dict(COMBINE_BD=16, MIN_BD=8, CHECK_BD=16, CHECK_BLOCKS=3)),
-    ):
-        for name, value in values.items():
-            monkeypatch.setattr(module, name, value)
+    """Every test under :data:`SMALL` (``use_settings`` forgets the launch plans on the way
+    in and out), with an exact fma."""
     from numba.cuda.simulator import kernelapi
 
     def exact_fma(self, a, b, c):
         return np.float32(_oracle.fma_float32(a, b, c))
 
     monkeypatch.setattr(kernelapi.FakeCUDAModule, "fma", exact_fma)
-    _core.clear()  # (launch plans follow the geometry: none of the real one, none left after)
-    yield
-    _core.clear()
+    with use_settings(**SMALL):
+        yield
 
 
 @pytest.fixture(params=["whole", "shared"])
-def workers(request, small_geometry, monkeypatch):
-    """The scatter's token workers: "whole", the plan of a call of TOKEN_WARPS tokens or more
+def workers(request, small_geometry):
+    """The scatter's token workers: "whole", the plan of a call of ``scatter_token_warps``
+    tokens or more
     (a warp per token takes all its rows; the dot product's narrow batch); "shared", the plan
     of a small call (each token's rows shared among min(K, E) warps; rows without the dot
     product in parts of at least one group per lane). The launch plans were forgotten by
     ``small_geometry``, before these settings."""
     if request.param == "whole":
-        settings = dict(TOKEN_WARPS=1, WIDE_DOT_WARPS=0)
+        changes = dict(scatter_token_warps=1, wide_dot_warps=0)
     else:
-        settings = dict(TOKEN_WARPS=1 << 20, PART_GROUPS=1)
-    for name, value in settings.items():
-        monkeypatch.setattr(UB, name, value)
-    return request.param
+        changes = dict(scatter_token_warps=1 << 20, scatter_part_groups=1)
+    with use_settings(**changes):
+        yield request.param
 
 
 class Poisoned:
@@ -131,14 +125,15 @@ def compare(actual, expected, names):
 
 
 def run_backend(op, plan, host_arrays, expected, status_expected, scratch, names):
-    """``BACKEND.<op>`` (validate on and off) on device copies of ``host_arrays``: every
+    """The GPU backend's ``op`` (validate on and off) on device copies of ``host_arrays``: every
     output and status word as expected, ``scratch`` (validate, not) scratch allocations, no
     input changed."""
     copies = [None if x is None else x.copy() for x in host_arrays]
     arrays = type(host_arrays)(*(device(x) for x in host_arrays))
     for validate in (True, False):
         empty = Poisoned()
-        out, status = getattr(BACKEND, op)(plan._replace(validate=validate), arrays, empty=empty)
+        run_op = getattr(_gpu.gpu_backend(), op)
+        out, status = run_op(plan._replace(validate=validate), arrays, empty=empty)
         assert empty.scratch == scratch[0 if validate else 1]
         if validate:
             np.testing.assert_array_equal(status, status_expected)
@@ -242,12 +237,14 @@ def test_unpermute_backward_tokens_with_more_rows_than_lanes():
     run_unpermute_backward(dy, g, xu, rowmap, routemap, p, False, R)
 
 
+@use_settings(Settings())  # (the defaults, not SMALL's)
 def test_scatter_plans_keep_large_calls_and_share_small_ones():
-    """From TOKEN_WARPS tokens on, a warp per token for all its rows (the plan of before);
-    fewer tokens share each token's rows among up to K warps, and rows without the dot
-    product go in parts of at least PART_GROUPS groups per lane; with few token workers the
-    dot product takes the wide batch. bf16, H = 7168: 896 groups."""
-    assert UB.TOKEN_WARPS == 4096 and UB.PART_GROUPS == 4  # (not patched here)
+    """From ``scatter_token_warps`` tokens on, a warp per token for all its rows (the plan
+    of before); fewer tokens share each token's rows among up to K warps, and rows without
+    the dot product go in parts of at least ``scatter_part_groups`` groups per lane; with
+    few token workers the dot product takes the wide batch. bf16, H = 7168: 896 groups."""
+    s = settings()
+    assert s.scatter_token_warps == 4096 and s.scatter_part_groups == 4
     for dot in (False, True):
         assert UB._token_workers(16384, 8, 64, 896, dot) == (1, 1, 896)
         assert UB._token_workers(4096, 8, 64, 896, dot) == (1, 1, 896)
@@ -256,20 +253,23 @@ def test_scatter_plans_keep_large_calls_and_share_small_ones():
     assert UB._token_workers(256, 8, 64, 896, False) == (8, 2, 448)
     assert UB._token_workers(16, 8, 256, 896, False) == (8, 7, 128)
     assert UB._token_workers(16, 8, 4, 896, True) == (4, 1, 896)  # (a token has <= E rows)
-    narrow, wide = scatter.BATCH_GROUPS[True][0], scatter.BATCH_GROUPS[True][-1]
-    assert UB._batch_groups(16, 896, True, UB.WIDE_DOT_WARPS + 1) == narrow
-    assert UB._batch_groups(16, 896, True, UB.WIDE_DOT_WARPS) == wide
+    narrow, wide = s.batch_groups[True][0], s.batch_groups[True][-1]
+    assert UB._batch_groups(16, 896, True, s.wide_dot_warps + 1) == narrow
+    assert UB._batch_groups(16, 896, True, s.wide_dot_warps) == wide
 
 
 @pytest.mark.parametrize("token_warps,shares", [(12, 3), (1 << 20, 5)], ids=["3", "5"])
-def test_unpermute_backward_rows_shared_among_warps(monkeypatch, token_warps, shares):
+def test_unpermute_backward_rows_shared_among_warps(token_warps, shares):
     """A small call shares each token's rows among warps, each taking every shares-th row it
     lists (3 warps of 2, 2 and 1 of K = 5 rows, or a warp per row); a row's dot product
     stays one warp's (two batches of 64 and 7 groups); rows without it go in parts of 64
     and 7 groups, a group per lane at a time (two batches, then one)."""
-    monkeypatch.setattr(UB, "TOKEN_WARPS", token_warps)
-    monkeypatch.setattr(UB, "PART_GROUPS", 1)
-    monkeypatch.setattr(scatter, "BATCH_GROUPS", {False: (1,), True: (1, 2)})
+    changes = dict(scatter_token_warps=token_warps, scatter_part_groups=1)
+    with use_settings(**changes, batch_groups=((1,), (1, 2))):
+        _rows_shared_among_warps(shares)
+
+
+def _rows_shared_among_warps(shares):
     rng = np.random.default_rng(9)
     T, K, E, R = 3, 5, 7, 24
     H = 70 * 8 + 3  # bf16: 71 groups, the last one short
@@ -281,11 +281,11 @@ def test_unpermute_backward_rows_shared_among_warps(monkeypatch, token_warps, sh
     run_unpermute_backward(dy, g, None, rowmap, routemap, None, False, R)
 
 
-def test_unpermute_backward_shares_with_more_rows_than_lanes(monkeypatch):
+@use_settings(scatter_token_warps=1 << 20)
+def test_unpermute_backward_shares_with_more_rows_than_lanes():
     """A malformed row map names 70 rows of one token among 80 experts, shared by two warps:
     each takes 35 of the rows listed in three rounds of 31, 31 and 8 (more than 32: a
     warp's rows go in two rounds)."""
-    monkeypatch.setattr(UB, "TOKEN_WARPS", 1 << 20)
     rng = np.random.default_rng(10)
     T, K, E, R = 2, 2, 80, 100
     assert UB._token_workers(T, K, E, 2, True) == (2, 1, 2)
@@ -418,8 +418,8 @@ def test_permute_backward_word_widths(dtype, H):
     assert (status == -1).all()
 
 
-def test_permute_backward_optional_inputs_and_bad_entries(monkeypatch):
-    monkeypatch.setattr(combine, "LMAX", 2)  # tokens with > 2 rows walk the rowmap instead
+@use_settings(lmax=2)  # tokens with > 2 rows walk the rowmap instead
+def test_permute_backward_optional_inputs_and_bad_entries():
     rng = np.random.default_rng(11)
     T, K, E, R, H = 8, 3, 5, 20, 6
     routemap, rowmap = permuted(rng, T, K, E, R, repeats=0.5)

@@ -1,9 +1,13 @@
-"""The core remembers each op's prepared calls in one cache per op, and forgets them all at
-once (``_core.clear``)."""
+"""The core remembers each op's prepared calls in one cache per op; ``moe_numba.clear`` forgets
+them, and every other cache of the library, at once."""
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+import moe_numba
 from moe_numba import _core, moe_permute
 from moe_numba._contract import PermuteArrays, PermuteScalars
 from moe_numba._ops import PERMUTE
@@ -18,15 +22,16 @@ def test_clear_forgets_every_prepared_call():
     scalars = PermuteScalars(num_experts=2, padding_alignment=1)
     first = _core.CALLS[PERMUTE].prepare(arrays, scalars)
     assert _core.CALLS[PERMUTE].prepare(arrays, scalars) is first  # remembered
-    _core.clear()
+    moe_numba.clear()
     again = _core.CALLS[PERMUTE].prepare(arrays, scalars)
     assert again is not first and again[1] == first[1]  # prepared anew, the same plan
 
 
 @pytest.mark.sim
 def test_clear_forgets_the_gpu_backends_plans_and_copies():
-    """Where the GPU backend is loaded, ``_core.clear`` also forgets its launch plans and its
-    device copies of capacities (met twice: copied), and the next calls make them again."""
+    """Where the GPU backend is loaded, ``moe_numba.clear`` also forgets its launch plans and
+    the backend with its device copies of capacities (met twice: copied), and the next calls
+    make them again."""
     from numba import cuda
 
     from moe_numba import _gpu
@@ -39,7 +44,44 @@ def test_clear_forgets_the_gpu_backends_plans_and_copies():
         moe_permute(x, None, routes, probs, 2, [2, 2], 1)
     backend = _gpu.loaded_backend()
     assert len(PM.LAUNCH_PLANS) > 0 and len(backend._capacities) == 1
-    _core.clear()
-    assert len(PM.LAUNCH_PLANS) == 0 and len(backend._capacities) == 0
+    moe_numba.clear()
+    assert len(PM.LAUNCH_PLANS) == 0 and _gpu.loaded_backend() is None
     rows = moe_permute(x, None, routes, probs, 2, [2, 2], 1)[0]
     assert rows.shape == (4, 2) and len(PM.LAUNCH_PLANS) == 1
+    assert len(_gpu.loaded_backend()._capacities) == 1  # (met again: staged, not copied)
+
+
+def test_clear_imports_nothing_it_would_clear():
+    """``moe_numba.clear`` clears what is loaded only: it imports neither numba nor torch."""
+    code = "import sys, moe_numba; moe_numba.clear(); print(sorted(sys.modules))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert "'numba'" not in loaded and "'torch'" not in loaded
+
+
+def test_clear_frees_the_runtimes_pinned_blocks_and_calls_go_on(backend):
+    """On a GPU, a call with validate=True waits for status words in a pinned block, and
+    capacities met for the first time are staged in another; both go back to the runtime's
+    pools, which ``moe_numba.clear`` frees. Later calls make new blocks, and give the same
+    outputs."""
+    if not backend.needs_gpu:
+        pytest.skip("pinned blocks are made for a real GPU's calls")
+    from moe_numba.runtime import get_runtime
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    routes = np.stack([rng.permutation(4)[:2] for _ in range(64)]).astype(np.int32)
+    probs = rng.random((64, 2)).astype(np.float32)
+    counts = np.bincount(routes.ravel(), minlength=4).tolist()
+    expected = moe_permute(x, None, routes, probs, 4, counts, 8)
+    args = [backend.to_device(x), None, backend.to_device(routes), backend.to_device(probs)]
+    runtime = get_runtime()
+    moe_numba.clear()
+    for _ in range(2):  # (new capacities after the clear: staged again)
+        outputs = moe_permute(*args, 4, counts, 8)
+        assert any(runtime.status_pools.values()) and any(runtime.staged_pools.values())
+        for actual, wanted in zip(outputs, expected, strict=True):
+            np.testing.assert_array_equal(backend.to_host(actual), wanted)
+        moe_numba.clear()
+        assert not runtime.status_pools and not runtime.staged_pools

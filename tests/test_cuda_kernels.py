@@ -1,11 +1,12 @@
 """The GPU backend (``moe_numba._gpu`` and the kernels behind it) in numba's CUDA simulator,
 bit for bit against the NumPy oracle (the intrinsics' twins: tests/test_cuda_intrinsics.py).
 
-Block sizes are patched down so that tiny inputs still span several token chunks, expert
-tiles, destination batches, padding blocks and list overflows. Outputs and scratch come from
-a poisoning allocator passed to the backend (``empty=``), so an element a kernel forgets to
-write shows up as a mismatch. The simulator's ``cuda.fma`` rounds twice; it is replaced here
-by a correctly rounded fma so the weighted combine is compared exactly too.
+The kernels' settings shrink the blocks (``moe_numba.kernels.use_settings``) so that tiny
+inputs still span several token chunks, expert tiles, destination batches, padding blocks
+and list overflows. Outputs and scratch come from a poisoning allocator passed to the backend
+(``empty=``), so an element a kernel forgets to write shows up as a mismatch. The simulator's
+``cuda.fma`` rounds twice; it is replaced here by a correctly rounded fma so the weighted
+combine is compared exactly too.
 """
 
 import ml_dtypes
@@ -17,44 +18,40 @@ pytestmark = pytest.mark.sim  # calls the kernels with host arrays (conftest ski
 
 
 from _cases import plan_of  # noqa: E402
-from moe_numba import _abi, _core, _oracle  # noqa: E402
+from moe_numba import _abi, _oracle  # noqa: E402
 from moe_numba._contract import PermuteArrays, UnpermuteArrays  # noqa: E402
 from moe_numba._ops import PERMUTE, UNPERMUTE  # noqa: E402
+from moe_numba.kernels import use_settings  # noqa: E402
+from moe_numba.runtime import get_runtime  # noqa: E402
 
 if config.ENABLE_CUDASIM:
     from moe_numba import _gpu  # noqa: E402
-    from moe_numba.kernels import combine, count, gather  # noqa: E402
     from moe_numba.kernels import permute as PM  # noqa: E402
     from moe_numba.kernels import unpermute as UP  # noqa: E402
 
-    BACKEND = _gpu.gpu_backend()
+# Tiny blocks: a chunk is at most 32 tokens and 128 routing ids, a count block sees 4 experts,
+# a gather warp has 4 lanes (4 destinations at a time) and holds 1 or 2 words per lane (rows
+# go in several batches), padding goes in chunks of 3 rows to at least 2 workers (a worker
+# takes several chunks when routing slots are empty), 5 blocks take every item, a token's list
+# holds 256 rows (4 in two tests), the unpermute's check runs 3 blocks of 16 threads
+# (grid-stride).
+SMALL = dict(ct=32, etile=4, rmt=128, gather_lanes=4, batch_words=(1, 2), pad_rows=3)
+SMALL.update(count_bd=16, scan_bd=64, gather_blocks=5, pad_workers=2, nc_target=2)
+SMALL.update(combine_bd=16, min_bd=8, check_bd=16, check_blocks=3)
 
 
 @pytest.fixture(autouse=True)
 def small_geometry(monkeypatch):
-    """Tiny blocks: a chunk is at most 32 tokens and 128 routing ids, a count block sees 4
-    experts, a gather warp has 4 lanes (4 destinations at a time) and holds 1 or 2 words per
-    lane (rows go in several batches), padding goes in chunks of 3 rows to at least 2 workers
-    (a worker takes several chunks when routing slots are empty), 5 blocks take every item,
-    a token's list holds 256 rows (4 in one test), the unpermute's check runs 3 blocks of 16
-    threads (grid-stride). No launch plan outlives the geometry it was made for."""
-    for module, values in (
-        (count, dict(CT=32, ETILE=4, COUNT_BITS=4, RMT=128)),
-        (gather, dict(LANES=4, BATCH_WORDS=(1, 2), PAD_ROWS=3)),
-        (PM, dict(COUNT_BD=16, SCAN_BD=64, GATHER_BLOCKS=5, PAD_WORKERS=2, NC_TARGET=2)),
-        (UP, dict(COMBINE_BD=16, MIN_BD=8, CHECK_BD=16, CHECK_BLOCKS=3)),
-    ):
-        for name, value in values.items():
-            monkeypatch.setattr(module, name, value)
+    """Every test under :data:`SMALL` (no launch plan outlives the settings it was made
+    for: ``use_settings`` forgets them on the way in and out), with an exact fma."""
     from numba.cuda.simulator import kernelapi
 
     def exact_fma(self, a, b, c):
         return np.float32(_oracle.fma_float32(a, b, c))
 
     monkeypatch.setattr(kernelapi.FakeCUDAModule, "fma", exact_fma)
-    _core.clear()  # (launch plans follow the geometry: none of the real one, none left after)
-    yield
-    _core.clear()
+    with use_settings(**SMALL):
+        yield
 
 
 class Poisoned:
@@ -104,10 +101,28 @@ def counts_of(rm, E):
     return c
 
 
-def run_permute(hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=True, override=-1):
+def run_permute(
+    hidden,
+    scale,
+    rm,
+    probs,
+    E,
+    tpe,
+    A,
+    do_gather=True,
+    indices=True,
+    override=-1,
+    backend=None,
+    calls=None,
+):
     """Run the GPU backend (validate on and off) and the oracle; assert every output and
     status word is identical (``indices``: the expert indices and the expert offsets asked
-    for). Returns the status words."""
+    for). Returns the status words.
+
+    ``backend``: the GPU backend to run (default: the one in use); ``calls``: a list that
+    gets each call's allocations (:class:`moe_numba._gpu._Call`, which says whether the call
+    staged its capacities)."""
+    backend = _gpu.gpu_backend() if backend is None else backend
     T, K = rm.shape
     (expected, status_expected) = _oracle.permute(
         hidden, scale, rm, probs, E, tpe, A, do_gather, indices, override, indices
@@ -128,7 +143,10 @@ def run_permute(hidden, scale, rm, probs, E, tpe, A, do_gather=True, indices=Tru
     arrays = PermuteArrays(device(hidden), device(scale), device(rm), device(probs))
     for validate in (True, False):
         empty = Poisoned()
-        out, status = BACKEND.permute(plan._replace(validate=validate), arrays, empty=empty)
+        call = _gpu._Call(arrays.hidden_states, empty)
+        if calls is not None:
+            calls.append(call)
+        out, status = backend.permute(plan._replace(validate=validate), arrays, call=call)
         assert empty.scratch == 1
         if validate:
             np.testing.assert_array_equal(status, status_expected)
@@ -203,8 +221,8 @@ def test_permute_fp8_rows_and_special_bits():
     run_permute(hidden, scale, rm, probs, E, counts_of(rm, E), A)
 
 
-def test_permute_malformed_routing_and_capacities(monkeypatch):
-    monkeypatch.setattr(count, "RMT", 3)  # K > RMT: the count kernel reads routing from memory
+@use_settings(rmt=3)  # K > rmt: the count kernel reads routing from memory
+def test_permute_malformed_routing_and_capacities():
     rng = np.random.default_rng(3)
     T, K, E, H, A = 50, 4, 6, 4, 2
     rm = random_routemap(rng, T, K, E, np.int64)
@@ -224,42 +242,30 @@ def test_permute_malformed_routing_and_capacities(monkeypatch):
     assert status[_abi.PERMUTE_MISMATCH] == 1
 
 
-def test_permute_capacities_met_first_are_staged_then_copied(monkeypatch):
+def test_permute_capacities_met_first_are_staged_then_copied():
     """Capacities met for the first time are read from host words (runtime._staged); from
     their second call on from a device copy, and on a stream being captured from host words
     kept for good. Every call matches the oracle (run_permute calls the backend twice:
     validate on, then off)."""
-    staged = []
-    real = PM.StagedWords
-
-    def recording(launch, values):
-        staged.append(list(values))
-        return real(launch, values)
-
-    monkeypatch.setattr(PM, "StagedWords", recording)
     rng = np.random.default_rng(11)
     T, K, E, H, A = 20, 2, 4, 2, 2
     rm = random_routemap(rng, T, K, E)
     probs = rng.random((T, K), dtype=np.float32)
     hidden = rng.standard_normal((T, H)).astype(np.float32)
     tpe = counts_of(rm, E)
-    run_permute(hidden, None, rm, probs, E, tpe, A)
-    assert staged == [list(tpe)] and len(BACKEND._capacities) == 1  # staged, then copied
-    run_permute(hidden, None, rm, probs, E, tpe, A)
-    assert len(staged) == 1  # the copy serves every later call
+    calls = []
+    run_permute(hidden, None, rm, probs, E, tpe, A, calls=calls)
+    assert [call.staged for call in calls] == [True, False]  # staged, then copied
+    run_permute(hidden, None, rm, probs, E, tpe, A, calls=calls)
+    assert [call.staged for call in calls[2:]] == [False, False]  # the copy serves them
     more = list(tpe)
     more[0] += 3
-    monkeypatch.setattr(BACKEND, "_capturing", lambda stream: True)
-    kept, real_kept = [], BACKEND._kept_words
-
-    def keeping(device, values):
-        kept.append(real_kept(device, values))
-        return kept[-1]
-
-    monkeypatch.setattr(BACKEND, "_kept_words", keeping)
-    run_permute(hidden, None, rm, probs, E, more, A)
-    assert len(staged) == 1 and len(BACKEND._capacities) == 1  # captured: kept for good
-    assert [list(k.sim_array) for k in kept] == [more, more]
+    # (the simulator captures no stream: a backend that is told every stream is captured)
+    captured = _gpu._GPUBackend(capturing=lambda stream: True)
+    run_permute(hidden, None, rm, probs, E, more, A, backend=captured, calls=calls)
+    assert [call.staged for call in calls[4:]] == [False, False]
+    assert len(captured._capacities) == 0  # kept for good, not cached:
+    assert more in [list(words.sim_array) for words in get_runtime().kept.values()]
 
 
 @pytest.mark.parametrize("rows", [0, 23, 200])
@@ -320,10 +326,10 @@ def test_permute_one_block_and_chunked(T):
     assert status[_abi.PERMUTE_ROWS_NEEDED] > 5
 
 
-def test_permute_one_block_only_for_few_slots(monkeypatch):
-    """count_scan takes validate=False calls of one chunk up to ONE_BLOCK_SLOTS slots; more
+@use_settings(one_block_slots=64)
+def test_permute_one_block_only_for_few_slots():
+    """count_scan takes validate=False calls of one chunk up to one_block_slots slots; more
     slots (or validate) count in chunks."""
-    monkeypatch.setattr(PM, "ONE_BLOCK_SLOTS", 64)
 
     def one_block(T, K, validate=False):
         return PM._plan_launches(
@@ -357,13 +363,16 @@ def test_permute_padding_chunks_span_many_experts(extra):
 
 
 @pytest.mark.parametrize("token_warps", [60, 4096], ids=["2parts", "4parts"])
-def test_permute_rows_split_into_parts(monkeypatch, token_warps):
+def test_permute_rows_split_into_parts(token_warps):
     """Small calls split rows among warps: bf16 rows of 25 4-byte words in parts of 8 words
     (2 lanes' worth) whose last part is one word, or in 2 parts; part 0 writes the rowmap,
     probs, indices and scale rows; padding chunks of 1 row (3 // parts) or 3, malformed
     routing, dropped tokens and capacity without tokens."""
-    monkeypatch.setattr(PM, "PART_BATCH", 1)
-    monkeypatch.setattr(PM, "TOKEN_WARPS", token_warps)
+    with use_settings(part_batch=1, token_warps=token_warps):
+        _permute_rows_split_into_parts(token_warps)
+
+
+def _permute_rows_split_into_parts(token_warps):
     rng = np.random.default_rng(12)
     T, K, E, H, A = 30, 3, 7, 50, 4
     assert PM._row_parts(T, H // 2) == ((4, 8) if token_warps == 4096 else (2, 16))
@@ -414,7 +423,7 @@ def run_unpermute(rows, rowmap, rm, probs, E, weighted, mix):
     arrays = UnpermuteArrays(device(rows), device(rowmap), device(rm), device(probs))
     for validate in (True, False):
         empty = Poisoned()
-        unpermute = BACKEND.unpermute
+        unpermute = _gpu.gpu_backend().unpermute
         (out, out_probs), status = unpermute(plan._replace(validate=validate), arrays, empty=empty)
         if validate:
             assert empty.scratch == 1  # check's minima and ticket
@@ -500,12 +509,15 @@ def test_unpermute_special_values(dtype):
 @pytest.mark.parametrize(
     "dtype,H", [(ml_dtypes.bfloat16, 40), (np.float32, 7)], ids=["bf16", "f32"]
 )
-def test_unpermute_rows_split_into_parts(monkeypatch, dtype, H, lmax):
+def test_unpermute_rows_split_into_parts(dtype, H, lmax):
     """Small calls split rows among blocks: 5 16-byte words in parts of 3 and 2, or 7 4-byte
     words in parts of 3, 3 and 1; part 0 writes the slot probabilities. With a list of 4
     rows, tokens with more walk their rowmap row, part by part too."""
-    monkeypatch.setattr(UP, "PART_WORDS", 2)
-    monkeypatch.setattr(combine, "LMAX", lmax)
+    with use_settings(part_words=2, lmax=lmax):
+        _unpermute_rows_split_into_parts(dtype, H)
+
+
+def _unpermute_rows_split_into_parts(dtype, H):
     rng = np.random.default_rng(50 + H)
     T, K, E, R = 7, 6, 8, 40
     words = H * np.dtype(dtype).itemsize // (16 if H == 40 else 4)
@@ -537,8 +549,8 @@ def test_unpermute_tokens_with_groups_of_rows():
             run_unpermute(rows, rowmap, rm.astype(np.int32), probs, E, weighted, mix)
 
 
-def test_unpermute_malformed_and_list_overflow(monkeypatch):
-    monkeypatch.setattr(combine, "LMAX", 4)  # tokens with > 4 valid rows walk the rowmap instead
+@use_settings(lmax=4)  # tokens with > 4 valid rows walk the rowmap instead
+def test_unpermute_malformed_and_list_overflow():
     rng = np.random.default_rng(40)
     T, K, E, R, H = 8, 3, 7, 30, 4
     rows = rng.standard_normal((R, H)).astype(ml_dtypes.bfloat16)

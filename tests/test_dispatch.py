@@ -8,6 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import moe_numba
 from moe_numba import GPUUnavailableError, moe_permute, moe_unpermute
 from moe_numba._dispatch import locate
 from moe_numba._libraries import array_library, classify, library_named
@@ -151,7 +152,7 @@ def test_cuda_arrays_without_a_usable_gpu_explain_what_is_missing(monkeypatch):
 
     from moe_numba import _gpu
 
-    monkeypatch.setattr(_gpu, "_BACKEND", None)
+    moe_numba.clear()  # (the GPU backend too: the next one checks for a GPU again)
     monkeypatch.setattr(config, "ENABLE_CUDASIM", 0)
     monkeypatch.setattr(cuda, "is_available", lambda: False)
     with pytest.raises(GPUUnavailableError, match=r"finds no usable GPU/driver.*nvidia-smi"):
@@ -161,7 +162,7 @@ def test_cuda_arrays_without_a_usable_gpu_explain_what_is_missing(monkeypatch):
 def test_cuda_arrays_without_numba_cuda_name_the_extra(monkeypatch):
     from moe_numba import _gpu
 
-    monkeypatch.setattr(_gpu, "_BACKEND", None)
+    moe_numba.clear()
     monkeypatch.setitem(sys.modules, "numba", None)
     with pytest.raises(
         GPUUnavailableError, match=r"pip install -e '\.\[gpu\]' in the moe-numba checkout"

@@ -1,8 +1,9 @@
-"""The driver launch path (moe_numba/kernels/_driver.py, and its C half _driver_c) against a
-stand-in libcuda: the structures' layout is cuda.h's, and a launch hands the driver the
-kernel, the geometry, the stream, the dependence attribute and the arguments as packed int64
-words, whether ctypes or C packs and calls; a launch sequence (_sequence.py) fills each
-kernel's template with the call's values.
+"""The driver launch path (moe_numba/runtime/_driver.py, and its C half _driver_c) against a
+stand-in libcuda, swapped in through the runtime's seam (``get_runtime().use_driver``): the
+structures' layout is cuda.h's, and a launch hands the driver the kernel, the geometry, the
+stream, the dependence attribute and the arguments as packed int64 words, whether ctypes or
+C packs and calls; a launch sequence (_sequence.py) fills each kernel's template with the
+call's values.
 
 The real driver runs it on a GPU (every kernel launch of the GPU tests goes through it).
 """
@@ -11,10 +12,11 @@ import ctypes
 
 import pytest
 
-from moe_numba.runtime import _driver, _driver_c
+from moe_numba.kernels import permute
+from moe_numba.runtime import _driver, _driver_c, get_runtime
 
 # how the launcher packs and calls: ctypes, or the C extension (built with the package)
-_PACKERS = pytest.mark.parametrize("c", [None, _driver_c], ids=["ctypes", "c"])
+_PACKERS = pytest.mark.parametrize("c", [False, True], ids=["ctypes", "c"])
 
 
 def test_c_structures_have_the_layout_of_cuda_h():
@@ -35,12 +37,14 @@ def test_structures_have_the_layout_of_cuda_h():
 
 
 class _FakeCuda:
-    """cuLaunchKernelEx, cuGetErrorString, cuCtxGetDevice, cuEventQuery and cuEventRecord as
-    C callbacks that record."""
+    """cuLaunchKernelEx, cuGetErrorString, cuCtxGetDevice, cuDeviceGetAttribute (the compute
+    capability's major: ``major``), cuEventQuery and cuEventRecord as C callbacks that
+    record."""
 
-    def __init__(self, result=0, device=3):
+    def __init__(self, result=0, device=3, major=9):
         self.launches = []
         self.events = []
+        self.attributes = []
         config_p = ctypes.POINTER(_driver._LaunchConfig)
         launch_type = ctypes.CFUNCTYPE(
             ctypes.c_int, config_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
@@ -78,6 +82,11 @@ class _FakeCuda:
             out[0] = device
             return 0
 
+        def attribute(out, which, ordinal):
+            self.attributes.append((which, ordinal))
+            out[0] = major
+            return 0
+
         def event_query(event):
             self.events.append(("query", event))
             return 600 if event == 13 else 0  # (CUDA_ERROR_NOT_READY)
@@ -86,23 +95,36 @@ class _FakeCuda:
             self.events.append(("record", event, stream or 0))
             return result
 
+        attribute_type = ctypes.CFUNCTYPE(
+            ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int
+        )
         query_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
         record_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
         # (kept referenced: ctypes does not keep callbacks alive)
         self.cuLaunchKernelEx = launch_type(launch)
         self.cuGetErrorString = error_type(error_string)
         self.cuCtxGetDevice = device_type(get_device)
+        self.cuDeviceGetAttribute = attribute_type(attribute)
         self.cuEventQuery = query_type(event_query)
         self.cuEventRecord = record_type(event_record)
+
+
+def _driver_of(fake, c=False):
+    """The runtime while ``fake`` stands in for libcuda (``c``: whether the C extension
+    packs and calls); its driver is the launcher over ``fake``."""
+    return get_runtime().use_driver(fake, c_launch=c)
 
 
 @_PACKERS
 def test_a_launch_hands_the_driver_its_words(c):
     fake = _FakeCuda()
-    launch = _driver.DriverLauncher(fake, c)
     args = (0x7F00_0000_1000, -1, 0, 2**40, 7)
-    launch(0x1234, launch.config((5, 2), 128, 64, 0xBEEF, True)[1], args)
-    launch(0x1234, launch.config(9, 32, 0, 0, False)[1], args[:2])
+    with _driver_of(fake, c) as runtime:
+        launch = runtime.driver
+        launch(0x1234, launch.config((5, 2), 128, 64, 0xBEEF, True)[1], args)
+        launch(0x1234, launch.config(9, 32, 0, 0, False)[1], args[:2])
+        assert launch.current_device() == 3
+        assert launch.capability_major(3) == 9
     first, second = fake.launches
     assert first["function"] == 0x1234 and first["params"] is None
     assert (first["grid"], first["block"], first["shmem"]) == ((5, 2, 1), (128, 1, 1), 64)
@@ -110,41 +132,60 @@ def test_a_launch_hands_the_driver_its_words(c):
     assert first["attrs"] == [(6, 1)]  # programmatic stream serialization, on
     assert first["args"] == list(args)
     assert (second["grid"], second["attrs"], second["args"]) == ((9, 1, 1), [], list(args[:2]))
-    assert launch.current_device() == 3
+    assert fake.attributes == [(75, 3)]  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 
 
-def test_configurations_are_built_once_per_geometry_and_stream():
-    launch = _driver.DriverLauncher(_FakeCuda())
-    a = launch.config(4, 32, 0, 1, True)
-    assert launch.config(4, 32, 0, 1, True) is a
-    assert launch.config(4, 32, 0, 2, True)[1] != a[1]
-    assert launch.config(4, 32, 0, 1, False)[1] != a[1]
+def test_the_capability_attribute_is_cuda_hs():
+    driver = pytest.importorskip("cuda.bindings.driver")
+    attribute = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    fake = _FakeCuda()
+    with _driver_of(fake) as runtime:
+        runtime.driver.capability_major(0)
+    assert fake.attributes == [(int(attribute), 0)]
+
+
+def test_configurations_are_built_once_per_geometry_and_stream_until_a_reset():
+    with _driver_of(_FakeCuda()) as runtime:
+        launch = runtime.driver
+        a = launch.config(4, 32, 0, 1, True)
+        assert launch.config(4, 32, 0, 1, True) is a
+        assert launch.config(4, 32, 0, 2, True)[1] != a[1]
+        assert launch.config(4, 32, 0, 1, False)[1] != a[1]
+        runtime.reset()
+        assert launch.config(4, 32, 0, 1, True) is not a
 
 
 @_PACKERS
 def test_a_driver_error_is_raised_with_its_text(c):
-    launch = _driver.DriverLauncher(_FakeCuda(result=1), c)
-    with pytest.raises(RuntimeError, match=r"CUDA error 1 \(an invalid argument\)"):
-        launch(1, launch.config(1, 32, 0, 0, False)[1], (1, 2))
+    with _driver_of(_FakeCuda(result=1), c) as runtime:
+        launch = runtime.driver
+        with pytest.raises(RuntimeError, match=r"CUDA error 1 \(an invalid argument\)"):
+            launch(1, launch.config(1, 32, 0, 0, False)[1], (1, 2))
 
 
 @_PACKERS
 def test_too_many_parameters_are_refused(c):
-    launch = _driver.DriverLauncher(_FakeCuda(), c)
-    with pytest.raises(ValueError, match="at most 64 parameters; got 65"):
-        launch(1, launch.config(1, 32, 0, 0, False)[1], (0,) * 65)
+    with _driver_of(_FakeCuda(), c) as runtime:
+        launch = runtime.driver
+        with pytest.raises(ValueError, match="at most 64 parameters; got 65"):
+            launch(1, launch.config(1, 32, 0, 0, False)[1], (0,) * 65)
 
 
-def test_the_launcher_passes_kernel_geometry_stream_and_dependence(monkeypatch):
-    """``_launch.Launcher`` on the driver path: the kernel's handle for the current device,
-    a configuration with the call's stream, the dependence where the device has it."""
+def _launcher_module():
     from moe_numba.runtime import _launch
 
     if _launch.SIM:
         pytest.skip("the simulator calls kernels directly")
-    fake = _FakeCuda(device=2)
-    monkeypatch.setattr(_launch, "_DRIVER", _driver.DriverLauncher(fake))
-    monkeypatch.setattr(_launch, "_GRIDDEP", {2: True})
+    return _launch
+
+
+@pytest.mark.parametrize("major", [9, 8])
+def test_the_launcher_passes_kernel_geometry_stream_and_dependence(major):
+    """``_launch.Launcher`` on the driver path: the kernel's handle for the current device,
+    a configuration with the call's stream, the dependence where the device has it
+    (compute capability 9 and newer)."""
+    _launch = _launcher_module()
+    fake = _FakeCuda(device=2, major=major)
 
     class Kernel:
         name = "k"
@@ -152,15 +193,18 @@ def test_the_launcher_passes_kernel_geometry_stream_and_dependence(monkeypatch):
         def handle(self, device):
             return 0x5000 + device
 
-    launch = _launch.Launcher(0xABC)
-    assert (launch.device, launch.handle, launch.overlap) == (2, 0xABC, True)
-    launch(Kernel(), (3, 4), 64, (11, 12, 13), shmem=128, dependent=True)
-    launch(Kernel(), 1, 32, (14,))
+    with _driver_of(fake):
+        launch = _launch.Launcher(0xABC)
+        assert (launch.device, launch.handle, launch.overlap) == (2, 0xABC, major >= 9)
+        launch(Kernel(), (3, 4), 64, (11, 12, 13), shmem=128, dependent=True)
+        launch(Kernel(), 1, 32, (14,))
+        _launch.Launcher(0xABC)  # (the device's capability is asked once)
     first, second = fake.launches
     assert first["function"] == 0x5002 and first["stream"] == 0xABC
     assert (first["grid"], first["block"], first["shmem"]) == ((3, 4, 1), (64, 1, 1), 128)
-    assert first["attrs"] == [(6, 1)] and first["args"] == [11, 12, 13]
+    assert first["attrs"] == ([(6, 1)] if major >= 9 else []) and first["args"] == [11, 12, 13]
     assert second["attrs"] == [] and second["args"] == [14]  # not dependent: no attribute
+    assert fake.attributes == [(75, 2)]
 
 
 class _Family:
@@ -190,18 +234,14 @@ def _sequence():
 
 @_PACKERS
 @pytest.mark.parametrize("overlap", [True, False])
-def test_a_sequence_fills_each_template_with_the_call_values(monkeypatch, c, overlap):
-    from moe_numba.runtime import _launch
-
-    if _launch.SIM:
-        pytest.skip("the simulator calls kernels directly")
-    fake = _FakeCuda(device=1)
-    monkeypatch.setattr(_launch, "_DRIVER", _driver.DriverLauncher(fake, c))
-    monkeypatch.setattr(_launch, "_GRIDDEP", {1: overlap})
+def test_a_sequence_fills_each_template_with_the_call_values(c, overlap):
+    _launch = _launcher_module()
+    fake = _FakeCuda(device=1, major=9 if overlap else 7)
     sequence = _sequence()
     values = (2**40 + 8, 2**45)
-    sequence.run(_launch.Launcher(0xD00), values)
-    _launch.Launcher(0xE00).sequence(sequence, (1, 2), 1, 2)  # the second step only
+    with _driver_of(fake, c):
+        sequence.run(_launch.Launcher(0xD00), values)
+        _launch.Launcher(0xE00).sequence(sequence, (1, 2), 1, 2)  # the second step only
     first, second, third = fake.launches
     attrs = [(6, 1)] if overlap else []
     assert (first["function"], first["stream"], first["args"]) == (
@@ -225,17 +265,47 @@ def test_a_sequence_fills_each_template_with_the_call_values(monkeypatch, c, ove
 
 
 @_PACKERS
-def test_a_failed_launch_in_a_sequence_names_its_kernel_and_stops_it(monkeypatch, c):
-    from moe_numba.runtime import _launch
-
-    if _launch.SIM:
-        pytest.skip("the simulator calls kernels directly")
+def test_a_failed_launch_in_a_sequence_names_its_kernel_and_stops_it(c):
+    _launch = _launcher_module()
     fake = _FakeCuda(result=1)
-    monkeypatch.setattr(_launch, "_DRIVER", _driver.DriverLauncher(fake, c))
-    monkeypatch.setattr(_launch, "_GRIDDEP", {3: True})
-    with pytest.raises(RuntimeError, match=r"failed \(a\): CUDA error 1 \(an invalid argument\)"):
+    with (
+        _driver_of(fake, c),
+        pytest.raises(RuntimeError, match=r"failed \(a\): CUDA error 1 \(an invalid argument\)"),
+    ):
         _sequence().run(_launch.Launcher(0), (1, 2))
     assert len(fake.launches) == 1  # b was not launched
+
+
+def test_the_driver_swap_sets_the_runtimes_state_aside_and_brings_it_back():
+    """Inside ``use_driver`` the runtime holds nothing of the driver before (its state comes
+    back after the block), and the library's caches are cleared on the way in and out."""
+    runtime = get_runtime()
+    before = runtime.driver
+    runtime.griddep[-7] = True  # (a device no call asks about)
+    plans = permute.LAUNCH_PLANS
+    plans.put("key", "plan")
+    with runtime.use_driver(_FakeCuda()) as inside:
+        assert inside is runtime and runtime.driver is not before
+        assert -7 not in runtime.griddep and len(plans) == 0
+        runtime.griddep[-8] = False
+        plans.put("key", "plan")
+    assert runtime.driver is before and runtime.griddep.get(-7) is True
+    assert -8 not in runtime.griddep and len(plans) == 0
+    del runtime.griddep[-7]
+
+
+def test_no_driver_launches_through_cuda_core():
+    with get_runtime().use_driver(None) as runtime:
+        assert runtime.driver is None
+
+
+@pytest.mark.parametrize("c_launch", [1, "yes"])
+def test_a_c_launch_that_is_no_bool_is_refused(c_launch):
+    with (
+        pytest.raises(TypeError, match=f"c_launch must be a bool or None; got {c_launch!r}"),
+        get_runtime().use_driver(_FakeCuda(), c_launch=c_launch),
+    ):
+        pass
 
 
 def test_a_sequence_refuses_a_parameter_neither_given_nor_planned():

@@ -74,9 +74,9 @@ def _no_driver(monkeypatch):
     )
 
 
-def _compile(fn, signature, cc):
+def _compile(fn, signature, cc, compile_ptx=cuda.compile_ptx):
     try:
-        return cuda.compile_ptx(fn, signature, cc=cc)[0]
+        return compile_ptx(fn, signature, cc=cc)[0]
     except Exception as error:
         if type(error).__name__ not in MISSING_TOOLKIT_ERRORS:
             raise
@@ -147,20 +147,19 @@ def test_dependent_launch_instructions_on_sm90_only(family, key):
     assert "griddepcontrol" not in _kernel_ptx(family, key, cc=(8, 0))
 
 
-def test_a_missing_compiler_fails_and_says_what_to_install(monkeypatch):
+def test_a_missing_compiler_fails_and_says_what_to_install():
     class NvvmSupportError(Exception):
         pass
 
     def compile_ptx(*args, **kwargs):
         raise NvvmSupportError("libNVVM cannot be found")
 
-    monkeypatch.setattr(cuda, "compile_ptx", compile_ptx)
     with pytest.raises(
         pytest.fail.Exception,
         match=r"CUDA compiler libraries are missing \(libNVVM cannot be found\); "
         r"pip install -e '\.\[test\]' in the moe-numba checkout",
     ):
-        _compile(lambda: None, nb.void(), (9, 0))
+        _compile(lambda: None, nb.void(), (9, 0), compile_ptx)
 
 
 # ---------------------------------------------------------------------------------------

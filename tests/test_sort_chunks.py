@@ -16,6 +16,7 @@ from _cases import FLOAT8, HIDDEN_DTYPES, assert_same_bits, random_bits
 from moe_numba import _abi, _core, _oracle, moe_sort_chunks
 from moe_numba._contract_sort import SortArrays, SortScalars, inverse_order
 from moe_numba._ops import SORT_CHUNKS
+from moe_numba.kernels import use_settings
 
 DTYPES = [*HIDDEN_DTYPES, np.int8, np.int32, np.int64, np.uint16, np.float64, np.bool_]
 
@@ -200,13 +201,11 @@ def test_bad_device_sizes_follow_the_rule_without_validate(backend, sizes, order
 
 
 @pytest.mark.parametrize("bad", [False, True])
-def test_chunks_beyond_one_block_of_the_plan(backend, monkeypatch, bad):
+@use_settings(plan_bd=32)  # (the simulator's blocks stay small)
+def test_chunks_beyond_one_block_of_the_plan(backend, bad):
     """More chunks than the plan block has threads: the tiles carry their row counts (and
     the first bad size of a later tile is still the smallest), with host and device sizes."""
     _needs_device(backend)
-    from moe_numba.kernels import sort_chunks
-
-    monkeypatch.setattr(sort_chunks, "PLAN_BD", 32)  # (the simulator's blocks stay small)
     rng = np.random.default_rng(6)
     sizes = rng.integers(0, 3, 70).tolist()
     order = rng.permutation(70).tolist()
@@ -226,15 +225,13 @@ def test_chunks_beyond_one_block_of_the_plan(backend, monkeypatch, bad):
         assert status[_abi.SORT_PAST_END] == 65
 
 
-def test_status_is_read_only_for_device_sizes_with_validate(backend, monkeypatch):
+def test_status_is_read_only_for_device_sizes_with_validate(backend):
     """One status read for sizes on the device with validate=True (the call's only sync);
     none with validate=False, and none for host sizes (checked before the launch)."""
     _needs_device(backend)
-    from moe_numba.runtime import _status
+    from moe_numba.runtime import get_runtime
 
-    reads = []
-    original = _status.StatusWords.read
-    monkeypatch.setattr(_status.StatusWords, "read", lambda self: reads.append(1) or original(self))
+    runtime = get_runtime()
     dev = backend.to_device
     x = dev(np.zeros((6, 2), np.float32))
     sizes = dev(np.array([2, 1, 3], np.int64))
@@ -244,9 +241,9 @@ def test_status_is_read_only_for_device_sizes_with_validate(backend, monkeypatch
         ([2, 1, 3], True, 0),
         ([2, 1, 3], False, 0),
     ):
-        reads.clear()
+        before = runtime.status_reads
         moe_sort_chunks(x, split_sizes, [2, 0, 1], validate=validate)
-        assert len(reads) == expected, (split_sizes, validate)
+        assert runtime.status_reads - before == expected, (split_sizes, validate)
 
 
 def test_device_rows_with_host_probs_are_refused(backend):

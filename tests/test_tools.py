@@ -88,10 +88,11 @@ def test_help_shows_the_docstring(name, monkeypatch, capsys):
 
 
 def test_clear_forgets_every_replay_and_the_cores_calls():
-    """What the tools call between settings: every op's replays (the compiled replays, or
-    their stand-ins where the extension is not built) and the core's prepared calls; that a
-    cleared key records anew is checked on a GPU, in test_torch_replay."""
+    """What the tools call between settings (``moe_numba.clear``, which ``use_settings``
+    calls): the core's prepared calls among every cache; that a cleared key records anew is
+    checked on a GPU, in test_torch_replay."""
     torch = pytest.importorskip("torch")
+    import moe_numba
     from moe_numba import _core, moe_unpermute
     from moe_numba._ops import OPS
     from moe_numba.torch import _replay
@@ -101,6 +102,6 @@ def test_clear_forgets_every_replay_and_the_cores_calls():
     for _ in range(2):  # (a type met for the first time is checked without a key)
         moe_unpermute(*arrays, 2, 1)
     assert sum(len(_core.CALLS[op]) for op in OPS) > 0
-    _replay.clear()
+    moe_numba.clear()
     assert sum(len(_core.CALLS[op]) for op in OPS) == 0
     assert set(_replay.REPLAYS) == set(OPS)

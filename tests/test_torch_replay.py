@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import moe_numba
 from _torch_cases import CUDA, assert_same_bits, routing, to_numpy, to_torch, torch  # noqa: F401
 from moe_numba import (
     _oracle,
@@ -47,9 +48,7 @@ class _ReplaysRun:
 def replays():
     """Counts of the replays that ran during the test, which starts with nothing recorded
     and no capacities met (the schedule of recordings depends on both)."""
-    from moe_numba.torch import _replay
-
-    _replay.clear()
+    moe_numba.clear()
     return _ReplaysRun()
 
 
@@ -358,6 +357,19 @@ def test_a_graph_keeps_its_capacities_after_the_caches_dropped_them(replays):
         torch.cuda.synchronize()
         del litter
         _assert_outputs(captured, _expected_permute(case))
+
+
+def test_the_librarys_clear_forgets_the_replays(replays):
+    """``moe_numba.clear()`` forgets the recorded calls: the call right after it takes the
+    full path, where it would have replayed."""
+    case, t = _case(6)
+    for _ in range(3):
+        _permute(t, case)
+    ran = replays["calls"]
+    assert ran >= 1
+    moe_numba.clear()
+    _assert_outputs(_permute(t, case), _expected_permute(case))
+    assert replays["calls"] == ran
 
 
 def test_cleared_replays_record_anew(replays):

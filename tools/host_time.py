@@ -157,9 +157,10 @@ def pieces(A, x, routes, probs, counts):
 
 def main(argv=None):
     parser(__doc__).parse_args(argv)  # (no options: --help, and a refusal of any other)
-    from moe_numba.runtime import _launch
+    from moe_numba.runtime import get_runtime
 
-    print(f"launches through the driver (ctypes): {_launch._DRIVER is not None}")
+    runtime = get_runtime()
+    print(f"launches through the driver (ctypes): {runtime.driver is not None}")
     for T, A in SHAPES:
         inputs = case(T, A)
         for name, fn in operations(T, A, *inputs).items():
@@ -176,13 +177,11 @@ def main(argv=None):
             parts = pieces(A, x, routes, probs, counts)
             for name, fn in parts.items():
                 print(f"    {name:30s} {timed(fn):6.2f} us", flush=True)
-            driver, _launch._DRIVER = _launch._DRIVER, None  # the same through cuda.core
-            try:
+            # the same through cuda.core (nothing recorded with the driver is replayed)
+            with runtime.use_driver(None):
                 permute = operations(T, A, *inputs)["permute"]
                 print(f"    {'launch, cuda.core':30s} {timed(parts['launch']):6.2f} us")
                 print(f"    {'whole permute, cuda.core':30s} {timed(permute):6.2f} us")
-            finally:
-                _launch._DRIVER = driver
 
 
 if __name__ == "__main__":

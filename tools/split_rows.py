@@ -9,11 +9,10 @@ bf16, H = 7168, K = 8, E = 64 unless a shape says, ``validate=False``; µs per c
 back-to-back calls behind a held stream (CUDA events, the median of 5 batches: ``python -m
 benchmarks bench``'s timer).
 Each setting's outputs are compared bit for bit with the first setting's ("DIFF" marks a
-mismatch). The settings are module constants of the kernels' host side, set here and
-restored after. Each setting starts with no launch plans
-and no replays (:mod:`moe_numba.torch._replay`; a replay keeps the launches it recorded, so
-it would go on launching the previous setting's kernels), and its calls then replay as a
-user's would. "HOST" marks a figure for which the hold let the stream go before the host had
+mismatch). The settings are fields of the kernels' :class:`moe_numba.kernels.Settings`, each
+value in force for its calls (``use_settings``, which starts it with no launch plans and no
+replays: a replay keeps the launches it recorded), and its calls then replay as a user's
+would. "HOST" marks a figure for which the hold let the stream go before the host had
 enqueued a batch: it then holds host time.
 """
 
@@ -27,10 +26,7 @@ import torch
 from _cli import parser
 
 import moe_numba
-from moe_numba.kernels import permute as PM
-from moe_numba.kernels import unpermute as UP
-from moe_numba.kernels import unpermute_backward as UB
-from moe_numba.torch import _replay
+from moe_numba.kernels import use_settings
 
 # benchmarks/ is no installed package: this checkout's, appended after any installed moe_numba
 sys.path.append(str(Path(__file__).resolve().parents[1]))
@@ -112,35 +108,28 @@ def calls(T, A, E=E):
     }
 
 
-def sweep(label, module, name, settings, shapes, ops):
-    """One line per shape ``(T, A)`` or ``(T, A, E)`` and op: the GPU time for each value
-    of ``module.name`` (for a tuple of names, each setting a tuple of their values)."""
+def sweep(label, name, values, shapes, ops):
+    """One line per shape ``(T, A)`` or ``(T, A, E)`` and op: the GPU time for each of
+    ``values`` of the setting ``name`` (for a tuple of names, each value a tuple of
+    theirs)."""
     names = name if isinstance(name, tuple) else (name,)
-    print(f"{label}: {', '.join(names)} = " + ", ".join(map(str, settings)))
-    saved = [getattr(module, n) for n in names]
-    try:
-        for T, A, *experts in shapes:
-            fns = calls(T, A, *experts)
-            for op in ops:
-                ref, row = None, []
-                for value in settings:
-                    for n, v in zip(
-                        names, value if isinstance(name, tuple) else (value,), strict=True
-                    ):
-                        setattr(module, n, v)
-                    _replay.clear()  # (launch plans and replays follow the setting)
+    print(f"{label}: {', '.join(names)} = " + ", ".join(map(str, values)))
+    for T, A, *experts in shapes:
+        fns = calls(T, A, *experts)
+        for op in ops:
+            ref, row = None, []
+            for value in values:
+                given = value if isinstance(name, tuple) else (value,)
+                changes = dict(zip(names, given, strict=True))
+                with use_settings(**changes):  # (launch plans and replays follow it)
                     out = fns[op]()
                     ref = out if ref is None else ref
                     row.append(gpu_figure(fns[op]) + ("" if same(out, ref) else " DIFF"))
-                shape = f"T={T:5d} A={A:3d}" + "".join(f" E={e}" for e in experts)
-                print(f"  {shape} {op:18s} " + " ".join(row), flush=True)
-    finally:
-        for n, v in zip(names, saved, strict=True):
-            setattr(module, n, v)
-        _replay.clear()
+            shape = f"T={T:5d} A={A:3d}" + "".join(f" E={e}" for e in experts)
+            print(f"  {shape} {op:18s} " + " ".join(row), flush=True)
 
 
-SWEEPS = ("parts", "combine", "one-block")
+SWEEPS = ("parts", "combine", "scatter", "one-block")
 
 
 def _sweep(name):
@@ -162,16 +151,14 @@ def main(argv=None):
     sweeps = {
         "parts": lambda: sweep(
             "gather row parts",
-            PM,
-            "TOKEN_WARPS",
+            "token_warps",
             (1, 1024, 2048, 4096, 8192, 16384),
             ((64, 16), (256, 16), (256, 1), (1024, 16), (2048, 128), *large, (16384, 1)),
             ("permute",),
         ),
         "combine": lambda: sweep(
             "combine row parts",
-            UP,
-            "TOKEN_BLOCKS",
+            "token_blocks",
             (1, 256, 512, 1024, 2048, 4096),
             ((64, 16), (256, 16), (1024, 16), *large),
             ("unpermute", "permute_bwd"),
@@ -181,8 +168,7 @@ def main(argv=None):
         # the wide dot batch up to 0, 1024 (the default) or any number of token workers
         "scatter": lambda: sweep(
             "unpermute backward's scatter workers",
-            UB,
-            ("TOKEN_WARPS", "WIDE_DOT_WARPS"),
+            ("scatter_token_warps", "wide_dot_warps"),
             ((1, 0), (4096, 0), (4096, 1024), (4096, 1 << 30), (2048, 1024), (8192, 1024)),
             ((16, 1, 256), (16, 16), (64, 16), (256, 16), (1024, 16), (4096, 128), *large),
             ("unpermute_bwd", "unpermute_bwd_copy"),
@@ -190,8 +176,7 @@ def main(argv=None):
         # 2048: one block up to T = 256 (K = 8); 0: every call counts in chunks
         "one-block": lambda: sweep(
             "one-block count",
-            PM,
-            "ONE_BLOCK_SLOTS",
+            "one_block_slots",
             (2048, 1024, 0),
             small,
             ("permute",),

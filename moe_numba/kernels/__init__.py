@@ -17,6 +17,7 @@ owner               unpermute_backward's stage 1: each row's (token, expert) pai
 scatter             unpermute_backward's stage 2: dY rows to their rows, dot products, zeros
 sort_chunks         moe_sort_chunks: its plan and copy kernels and its host planner (``run``)
 _family             ``KernelFamily``: each kernel's parameters, body and variants, declared once
+_settings           ``Settings``: the tunables the planners read, and the launch plans' caches
 _intrinsics         every device function that differs between a GPU and the simulator
 _primitives         device helpers built on the intrinsics (status words, a warp's search)
 _copy               word widths of row copies and their load/store helpers
@@ -30,7 +31,15 @@ objects), an ``alloc(nbytes)`` callable for stream-ordered scratch memory and a 
 (:mod:`moe_numba.runtime`: launchers, launch sequences, staged values, status words) and
 return without synchronising. Kernels compile lazily, once per variant. Importing this
 package compiles nothing.
+
+The tunables (block sizes, split thresholds) are one frozen :class:`Settings`, read with
+:func:`settings` and changed for a ``with`` block by :func:`use_settings` (tests shrink the
+blocks for the simulator; tools sweep a threshold): the launch plans follow it.
 """
+
+from ._settings import Settings, settings, use_settings
+
+__all__ = ["Settings", "families", "settings", "use_settings"]
 
 
 def families():

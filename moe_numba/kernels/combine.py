@@ -47,8 +47,17 @@ from ._intrinsics import (
     f32_from_bits,
     griddep_wait,
 )
+from ._settings import compiled_in
 
-LMAX = 256  # rows a token's shared list holds
+LMAX = 0  # rows a token's shared list holds, compiled in: the settings' lmax
+
+
+@compiled_in
+def _list_rows(settings):
+    """The rows of a token's list from ``settings``."""
+    global LMAX
+    LMAX = settings.lmax
+
 
 ITEMSIZE = {_abi.DATA_FLOAT32: 4, _abi.DATA_BFLOAT16: 2, _abi.DATA_FLOAT16: 2}
 DATA_TYPES = (_abi.DATA_FLOAT32, _abi.DATA_BFLOAT16, _abi.DATA_FLOAT16)

@@ -15,6 +15,8 @@ Grid (token chunks of ``ct`` tokens) x (expert tiles of ``ETILE``), a block per 
 
 The routing ids of a chunk are staged in shared memory when they fit (``RMT``; otherwise
 both passes read them from memory). Block 0 also zeroes the scan's ticket counter ``done``.
+``CT``, ``ETILE`` and ``RMT`` are compiled in: the settings' ``ct``, ``etile`` and ``rmt``
+(:class:`._settings.Settings`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,21 @@ from numba import cuda, int8, int32, int64, uint32
 
 from ._family import INDEX_TYPES, INT, KernelFamily, ptr, routing_variants
 from ._intrinsics import device, griddep_trigger, griddep_wait
+from ._settings import compiled_in
 
-CT = 256  # most tokens per count chunk (a multiple of 32)
-ETILE = 1024  # experts per count block: shared bitmap of ETILE * CT / 32 words (32 KiB)
-COUNT_BITS = ETILE * (CT // 32)  # size of the count block's shared bitmap (uint32 words)
-RMT = 2048  # routing ids a count block stages in shared memory (8 KiB; 32 KiB bitmap)
+# the count block's geometry, compiled in (set by _geometry): most tokens per chunk, experts
+# per block, the size of its shared bitmap of a bit per expert and token (uint32 words),
+# routing ids it stages in shared memory
+CT = ETILE = COUNT_BITS = RMT = 0
+
+
+@compiled_in
+def _geometry(settings):
+    """The count block's geometry from ``settings``."""
+    global CT, ETILE, COUNT_BITS, RMT
+    CT, ETILE, RMT = settings.ct, settings.etile, settings.rmt
+    COUNT_BITS = ETILE * (CT // 32)
+
 
 _BIG32 = 0x7FFFFFFF
 

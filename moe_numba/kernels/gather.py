@@ -37,15 +37,21 @@ from typing import NamedTuple
 
 from numba import cuda, int32, int64, uint32, uint64
 
-from . import _copy
+from . import _copy, _settings
 from ._family import INDEX_TYPES, INT, KernelFamily, ptr
 from ._intrinsics import SYNCWARP_WARPS, device, griddep_wait, syncwarp
 from ._primitives import last_at_most
+from ._settings import compiled_in
 
-LANES = 32  # threads of a gather worker: a warp (the simulator's tests shrink it)
+LANES = 0  # threads of a gather worker, compiled in: the settings' gather_lanes (a warp)
 WARPS = min(4, SYNCWARP_WARPS)  # gather workers per block
-BATCH_WORDS = (4, 8, 16, 28)  # hidden words a gather thread may hold at once (rising)
-PAD_ROWS = 32  # rows of a padding chunk when rows are not split (at most LANES)
+
+
+@compiled_in
+def _lanes(settings):
+    """The gather worker's lanes from ``settings``."""
+    global LANES
+    LANES = settings.gather_lanes
 
 
 class GatherKey(NamedTuple):
@@ -61,9 +67,10 @@ class GatherKey(NamedTuple):
 
 
 def _gather_variants():
+    batches = _settings.current.batch_words
     for hw in _copy.WIDTHS:
         for sw in _copy.WIDTHS[:3]:  # scale rows hold 4-byte elements
-            for nb in BATCH_WORDS if hw == 16 else BATCH_WORDS[:1]:
+            for nb in batches if hw == 16 else batches[:1]:
                 for bits in INDEX_TYPES:
                     yield GatherKey(hw, sw, nb, bits)
 

@@ -3,15 +3,16 @@
 :func:`run` plans the call and enqueues its kernels on the caller's stream::
 
     kernel       module        grid                          block            launched when
-    count        .count        (chunks, expert tiles)        COUNT_BD         T > 0
-    scan         .scan         expert tiles (1 when T = 0)   SCAN_BD          always
-    count_scan   .scan         1                             COUNT_BD         instead of both
+    count        .count        (chunks, expert tiles)        count_bd         T > 0
+    scan         .scan         expert tiles (1 when T = 0)   scan_bd          always
+    count_scan   .scan         1                             count_bd         instead of both
                                                                               for small calls
     gather       .gather       (npw + T * parts) / WARPS     WARPS * LANES    there are items
 
+(the blocks and thresholds in lower case are the settings', :class:`._settings.Settings`.)
 ``count_scan`` runs for ``validate=False`` calls of one chunk and one expert tile and at most
-ONE_BLOCK_SLOTS routing slots (one launch fewer); with ``validate=True`` the host waits for
-the scan, which chunked counting finishes sooner, and so it does for more slots.
+``one_block_slots`` routing slots (one launch fewer); with ``validate=True`` the host waits
+for the scan, which chunked counting finishes sooner, and so it does for more slots.
 Nothing is synchronised: with ``validate=True`` the host waits for an event recorded after
 the scan (:mod:`._status`). Every kernel is launched as a programmatic dependent
 (:func:`._intrinsics.griddep_wait`): count waits first thing, for the caller's kernels, so
@@ -34,28 +35,18 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _abi
-from .._cache import BoundedCache
 from ..runtime._buffer import DeviceBuffer, carve
 from ..runtime._launch import launcher_for, optional_arg
 from ..runtime._sequence import LaunchSequence, Step
 from ..runtime._staged import StagedWords
 from ..runtime._status import StatusWords, status_arg
-from . import _copy, count, gather
+from . import _copy, _settings, gather
 from ._family import RoutingKey
 from .count import COUNT
 from .gather import GATHER, GatherKey
 from .scan import COUNT_SCAN, SCAN
 
 FAMILIES = (COUNT, SCAN, COUNT_SCAN, GATHER)
-
-COUNT_BD = 256  # threads of a count (and count_scan) block
-SCAN_BD = 256  # threads of a scan block
-GATHER_BLOCKS = 1 << 30  # most gather blocks (workers then take several items)
-PAD_WORKERS = 256  # fewest padding chunks in flight (when there are as many chunks of rows)
-NC_TARGET = 128  # count chunks to aim for
-ONE_BLOCK_SLOTS = 1024  # most routing slots of a count_scan call
-TOKEN_WARPS = 4096  # token warps that keep the GPU's stores busy: fewer tokens split rows
-PART_BATCH = 4  # fewest hidden words per lane in a part of a split row
 
 _I64, _I32 = np.dtype(np.int64), np.dtype(np.int32)
 # the scratch arrays, in the order of one allocation (see the module docstring)
@@ -106,18 +97,19 @@ class _Launches(NamedTuple):
     counted: int  # the launches up to the scan (the status words are final after them)
 
 
-# call key -> planned launches (they follow the module's settings; the GPU backend's clear()
-# empties it); token counts vary between calls
-LAUNCH_PLANS = BoundedCache(1024)
+# call key -> planned launches (they follow the settings); token counts vary between calls
+LAUNCH_PLANS = _settings.launch_plans()
 
 
 def _row_parts(T, hnw):
     """(parts, words per part) of a hidden row of ``hnw`` words: one part when there are
-    TOKEN_WARPS tokens or more; else enough parts for about that many token warps, each of
-    at least PART_BATCH words per lane and starting on a whole warp's words (a warp that
-    copies a whole row stores only a few rows' bytes at a time, too few in flight for a
+    ``token_warps`` tokens or more; else enough parts for about that many token warps, each
+    of at least ``part_batch`` words per lane and starting on a whole warp's words (a warp
+    that copies a whole row stores only a few rows' bytes at a time, too few in flight for a
     small call)."""
-    return _copy.row_parts(T, hnw, TOKEN_WARPS, PART_BATCH * gather.LANES, gather.LANES)
+    s = _settings.current
+    lanes = s.gather_lanes
+    return _copy.row_parts(T, hnw, s.token_warps, s.part_batch * lanes, lanes)
 
 
 def _padding_workers(R, slots, pad_rows, parts, least):
@@ -130,59 +122,63 @@ def _padding_workers(R, slots, pad_rows, parts, least):
 
 
 def _chunk_tokens(T, K):
-    """Tokens per count chunk: about NC_TARGET chunks (parallel count blocks, a short scan),
-    at most CT, and small enough that the chunk's routing ids fit in shared memory."""
+    """Tokens per count chunk: about ``nc_target`` chunks (parallel count blocks, a short
+    scan), at most ``ct``, and small enough that the chunk's routing ids fit in shared
+    memory (``rmt``)."""
+    s = _settings.current
     ct = 32
-    while ct < count.CT and ct * NC_TARGET < T:
+    while ct < s.ct and ct * s.nc_target < T:
         ct *= 2
-    while ct > 1 and ct * K > count.RMT:
+    while ct > 1 and ct * K > s.rmt:
         ct //= 2
     return ct
 
 
 def _batch_words(hw, hnw):
-    """Hidden words a gather thread holds at once: the fewest of BATCH_WORDS that take the
-    whole row part of ``hnw`` words (16-byte words; narrower words come from odd rows: the
-    smallest batch)."""
+    """Hidden words a gather thread holds at once: the fewest of ``batch_words`` that take
+    the whole row part of ``hnw`` words (16-byte words; narrower words come from odd rows:
+    the smallest batch)."""
+    s = _settings.current
     if hw != 16:
-        return gather.BATCH_WORDS[0]
-    for nb in gather.BATCH_WORDS:
-        if nb * gather.LANES >= hnw:
+        return s.batch_words[0]
+    for nb in s.batch_words:
+        if nb * s.gather_lanes >= hnw:
             return nb
-    return gather.BATCH_WORDS[-1]
+    return s.batch_words[-1]
 
 
 def _plan_launches(T, K, E, R, hw, hnw, sw, snw, bits, validate, A, override, indices, ends):
     """The call's geometry, scratch layout and kernels (see the module docstring)."""
+    s = _settings.current
     # one block is one launch fewer, but its threads take 4 slots each at this bound, and
     # past it the chunks' parallel count finishes sooner than the saved launch
-    one_block = not validate and 0 < T <= count.CT and T * K <= ONE_BLOCK_SLOTS
-    one_block = one_block and E <= count.ETILE
+    one_block = not validate and 0 < T <= s.ct and T * K <= s.one_block_slots
+    one_block = one_block and E <= s.etile
     ct = T if one_block else _chunk_tokens(T, K)
     nc = -(-T // ct)
     scratch = ((1, _I64), (E, _I64), (E, _I64), (E + 1, _I64), (E, _I64), (2 * max(nc, 1), _I64))
     scratch += ((max(nc * E, 1), _I32), (max(T * K, 1), _I32))
     key = RoutingKey(bits)
     if one_block:
-        ex_dim = COUNT_BD  # a thread per expert
-        steps = [Step(COUNT_SCAN.get(key), COUNT_SCAN, 1, COUNT_BD)]
+        ex_dim = s.count_bd  # a thread per expert
+        steps = [Step(COUNT_SCAN.get(key), COUNT_SCAN, 1, s.count_bd)]
     else:
         # a block per tile of ex_dim experts (the last one to finish does the offsets and
         # the status); with no tokens, one block and no ticket counter
-        ex_dim = max(1, SCAN_BD // 32) if T > 0 else SCAN_BD
+        ex_dim = max(1, s.scan_bd // 32) if T > 0 else s.scan_bd
         steps = []
         if T > 0:
-            steps.append(Step(COUNT.get(key), COUNT, (nc, -(-E // count.ETILE)), COUNT_BD))
-        steps.append(Step(SCAN.get(key), SCAN, -(-E // ex_dim) if T > 0 else 1, SCAN_BD))
+            steps.append(Step(COUNT.get(key), COUNT, (nc, -(-E // s.etile)), s.count_bd))
+        steps.append(Step(SCAN.get(key), SCAN, -(-E // ex_dim) if T > 0 else 1, s.scan_bd))
     counted = len(steps)
     parts, pw = _row_parts(T, hnw)
-    pad_rows = max(1, gather.PAD_ROWS // parts)
-    npw = _padding_workers(R, T * K, pad_rows, parts, PAD_WORKERS)
+    pad_rows = max(1, s.pad_rows // parts)
+    npw = _padding_workers(R, T * K, pad_rows, parts, s.pad_workers)
     items = npw + T * parts
     gather_key = GatherKey(hw, sw, _batch_words(hw, pw), bits)
     if items > 0:
-        grid = min(-(-items // gather.WARPS), GATHER_BLOCKS)
-        steps.append(Step(GATHER.get(gather_key), GATHER, grid, gather.WARPS * gather.LANES))
+        grid = min(-(-items // gather.WARPS), s.gather_blocks)
+        steps.append(Step(GATHER.get(gather_key), GATHER, grid, gather.WARPS * s.gather_lanes))
     # the kernels' scalar arguments (all that the key decides): T, K, E, R, NC (count
     # chunks), ct (tokens per chunk), ex_dim (experts per scan block tile), npw (padding
     # workers), nparts, pw (parts of a row, hidden words of a part), pad_rows (rows of a

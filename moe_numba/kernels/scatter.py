@@ -50,6 +50,7 @@ from typing import NamedTuple
 
 from numba import cuda, float32, int32, int64, uint32, uint64
 
+from . import _settings
 from ._convert import f32_canonical_bits
 from ._copy import WORD_TYPE, word_ops
 from ._family import INDEX_TYPES, INT, KernelFamily, ptr
@@ -67,12 +68,6 @@ from .combine import DATA_TYPES, ITEMSIZE, widths, word_lanes
 
 LANES = 32  # threads of a worker, and the dot product's lanes: a warp (in the simulator too)
 WARPS = min(4, SYNCWARP_WARPS)  # workers per block
-# 16-byte groups of dY a thread may hold at once (rising), without and with the dot product:
-# the whole row where it can; with the dot a batch of 4 when warps are many, since Xu's words
-# take registers too: at 8 the kernel needs so many registers that too few warps fit on an SM
-# to keep enough loads in flight (docs/lab-notes.rst, "First runs beside the peers"); 8 when
-# they are few (:mod:`.unpermute_backward` decides), in half the round trips
-BATCH_GROUPS = {False: (4, 8, 16, 28), True: (4, 8)}
 
 
 class ScatterKey(NamedTuple):
@@ -94,7 +89,7 @@ def _scatter_variants():
     for data_type in DATA_TYPES:
         for width in widths(data_type):
             for weighted, dot in ((False, False), (True, False), (True, True)):
-                batches = BATCH_GROUPS[dot]
+                batches = _settings.current.batch_groups[dot]
                 for nb in batches if width == 16 else batches[:1]:
                     for bits in INDEX_TYPES:
                         yield ScatterKey(width, data_type, weighted, dot, nb, bits)

@@ -3,9 +3,11 @@
 ::
 
     kernel   grid                          block                           launched when
-    plan     1                             32 .. PLAN_BD, by the chunks    always
-    copy     N / rows per block,           32 .. COPY_BD, by the rows      N > 0
-             at most COPY_BLOCKS
+    plan     1                             32 .. plan_bd, by the chunks    always
+    copy     N / rows per block,           32 .. copy_bd, by the rows      N > 0
+             at most copy_blocks
+
+(the blocks in lower case are the settings', :class:`._settings.Settings`.)
 
 ``plan``  one block. Pass 1 over the chunks (tiles of the block, one block scan each): the
           first input row and length of every chunk, with the contract's rule for bad
@@ -20,7 +22,7 @@
               [2C, 4C)  per chunk index: first row, length (pass 1's results)
               [4C]      covered: rows of y that come from chunks (<= N)
 
-``copy``  ``tpr`` threads per row (a power of two up to COPY_BD, by the row's word count),
+``copy``  ``tpr`` threads per row (a power of two up to copy_bd, by the row's word count),
           rows grid-stride. A row below ``covered`` finds its output position by a binary
           search of ``out_first`` (the last i with ``out_first[i] <= r``: chunks of length 0
           share the start of the next one) and copies its source row; rows from ``covered``
@@ -42,14 +44,11 @@ from .. import _abi
 from ..runtime._buffer import DeviceBuffer, carve
 from ..runtime._launch import launcher_for, optional_arg
 from ..runtime._status import StatusWords
+from . import _settings
 from ._copy import WIDTHS, WORD_DTYPE, WORD_TYPE, word_ops, word_width
 from ._family import INDEX_TYPES, INT, KernelFamily, ptr
 from ._intrinsics import TMP_WORDS, block_exclusive_scan_i64, block_min_i64, device, griddep_wait
 from ._primitives import BIG, store_found
-
-PLAN_BD = 1024  # most threads of the plan block
-COPY_BD = 128  # most threads of a copy block (and most threads per row)
-COPY_BLOCKS = 1 << 16  # most copy blocks (grid-stride beyond)
 
 _SIZES_DTYPES = {4: np.int32, 8: np.int64}
 
@@ -259,6 +258,7 @@ def run(plan, buffers, validate, alloc, stream):
     Every output element is written; nothing is synchronised.
     """
     b = buffers
+    s = _settings.current
     N, C, rb = plan.num_rows, plan.num_chunks, plan.row_bytes
     sizes_itemsize = plan.sizes_dtype.itemsize
     launch = launcher_for(stream)
@@ -266,7 +266,7 @@ def run(plan, buffers, validate, alloc, stream):
     status = StatusWords(launch, _abi.SORT_STATUS_LEN) if validate else None
     width = word_width(rb, b.x, b.out_y)
     nw = rb // width  # 0 for rows of no bytes: only the probabilities move
-    tpr = _power_of_two(nw, 1, COPY_BD)  # threads per row
+    tpr = _power_of_two(nw, 1, s.copy_bd)  # threads per row
     word = WORD_DTYPE[width]
     # every argument of the call's kernels, by parameter name (each kernel takes its own)
     values = dict(
@@ -289,15 +289,15 @@ def run(plan, buffers, validate, alloc, stream):
     launch(
         PLAN.get(SizesKey(8 * sizes_itemsize)),
         1,
-        _power_of_two(C, 32, PLAN_BD),
+        _power_of_two(C, 32, s.plan_bd),
         PLAN.args(values),
         dependent=True,
     )
     if validate:
         status.written()
     if N > 0:
-        block = _power_of_two(N * tpr, 32, COPY_BD)  # whole rows: tpr divides it
+        block = _power_of_two(N * tpr, 32, s.copy_bd)  # whole rows: tpr divides it
         rows_per_block = block // tpr
-        grid = max(1, min(COPY_BLOCKS, -(-N // rows_per_block)))
+        grid = max(1, min(s.copy_blocks, -(-N // rows_per_block)))
         launch(COPY.get(CopyKey(width)), grid, block, COPY.args(values), dependent=True)
     return status

@@ -4,10 +4,12 @@
 
     kernel    module     grid                       block                      launched when
     init      .check     1                          32                         validate
-    check     .check     (T * max(E, K)) / CHECK_BD CHECK_BD                   validate
-                         at most CHECK_BLOCKS
-    combine   .combine   (T, parts of a row): a     MIN_BD .. COMBINE_BD, by   T > 0
+    check     .check     (T * max(E, K)) / check_bd check_bd                   validate
+                         at most check_blocks
+    combine   .combine   (T, parts of a row): a     min_bd .. combine_bd, by   T > 0
                          block per token and part   the words of a part
+
+(the blocks in lower case are the settings', :class:`._settings.Settings`.)
 
 The call's first kernel (init, or the combine when ``validate=False``) is launched as a
 programmatic dependent of the caller's kernel ahead of it and waits for it first thing, so
@@ -26,11 +28,11 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _abi
-from .._cache import BoundedCache
 from ..runtime._buffer import DeviceBuffer, carve
 from ..runtime._launch import launcher_for, optional_arg
 from ..runtime._sequence import LaunchSequence, Step
 from ..runtime._status import StatusWords, status_arg
+from . import _settings
 from ._copy import WORD_DTYPE, row_parts, word_width
 from ._family import NoKey, RoutingKey
 from .check import CHECK, INIT
@@ -45,13 +47,6 @@ from .combine import (
 )
 
 FAMILIES = (INIT, CHECK, COMBINE)
-
-COMBINE_BD = 128  # most threads of a combine block
-MIN_BD = 32  # fewest threads of a combine block (a warp)
-TOKEN_BLOCKS = 1024  # combine blocks that keep the GPU's loads busy: fewer tokens split rows
-PART_WORDS = 128  # fewest words in a part of a split row
-CHECK_BD = 256  # threads of a check block
-CHECK_BLOCKS = 1024  # most check blocks (each thread then reads a few entries)
 
 _INDEX_DTYPES = {4: np.int32, 8: np.int64}
 _MINIMA = ((3, np.dtype(np.int64)),)  # check's scratch: two running minima, a ticket counter
@@ -81,27 +76,28 @@ class _Launches(NamedTuple):
     pw: int  # words per part of a row
 
 
-# call key -> planned launches (they follow the module's settings; the GPU backend's clear()
-# empties it); token counts vary between calls
-LAUNCH_PLANS = BoundedCache(1024)
+# call key -> planned launches (they follow the settings); token counts vary between calls
+LAUNCH_PLANS = _settings.launch_plans()
 
 
 def _row_parts(T, words):
     """(parts, words per part) of a combine's row of ``words`` words: one part when there are
-    TOKEN_BLOCKS tokens or more; else enough parts for about that many blocks, each of at
-    least PART_WORDS words (a block per token of a small call has too few loads in flight;
-    more blocks than one wave of the GPU's would load in two rounds)."""
-    return row_parts(T, words, TOKEN_BLOCKS, PART_WORDS)
+    ``token_blocks`` tokens or more; else enough parts for about that many blocks, each of
+    at least ``part_words`` words (a block per token of a small call has too few loads in
+    flight; more blocks than one wave of the GPU's would load in two rounds)."""
+    s = _settings.current
+    return row_parts(T, words, s.token_blocks, s.part_words)
 
 
 def _combine_block(parts, words):
     """Threads of a combine block for parts of ``words`` words: a thread per word of a split
-    row up to COMBINE_BD (in whole MIN_BD), else a power of two with two words or more per
-    thread."""
+    row up to ``combine_bd`` (in whole ``min_bd``), else a power of two with two words or
+    more per thread."""
+    s = _settings.current
     if parts > 1:
-        return min(COMBINE_BD, -(-words // MIN_BD) * MIN_BD)
-    bd = MIN_BD
-    while bd < COMBINE_BD and bd * 2 < words:
+        return min(s.combine_bd, -(-words // s.min_bd) * s.min_bd)
+    bd = s.min_bd
+    while bd < s.combine_bd and bd * 2 < words:
         bd *= 2
     return bd
 
@@ -110,9 +106,10 @@ def check_steps(T, E, K, bits):
     """init and check of a call that validates a row map [T, E] and a routing map [T, K] of
     ``bits``-bit ids: the launches of a :class:`._sequence.LaunchSequence` whose values
     include ``minima`` (:func:`check_scratch`) and ``status``."""
-    grid = max(1, min(CHECK_BLOCKS, -(-max(T * E, T * K) // CHECK_BD)))
+    s = _settings.current
+    grid = max(1, min(s.check_blocks, -(-max(T * E, T * K) // s.check_bd)))
     init = Step(INIT.get(NoKey()), INIT, 1, 32)
-    return [init, Step(CHECK.get(RoutingKey(bits)), CHECK, grid, CHECK_BD)]
+    return [init, Step(CHECK.get(RoutingKey(bits)), CHECK, grid, s.check_bd)]
 
 
 def check_scratch(alloc):

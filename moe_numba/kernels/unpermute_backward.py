@@ -4,12 +4,14 @@
 
     kernel    module      grid                          block            launched when
     init      .check      1                             32               validate
-    check     .check      as for moe_unpermute          CHECK_BD         validate
-    claim     .owner      (T * E) / OWNER_BD,           OWNER_BD         always
-                          at most OWNER_BLOCKS
-    collide   .owner      the same                      OWNER_BD         always
+    check     .check      as for moe_unpermute          check_bd         validate
+    claim     .owner      (T * E) / owner_bd,           owner_bd         always
+                          at most owner_blocks
+    collide   .owner      the same                      owner_bd         always
     scatter   .scatter    (npz + T * shares * nparts)   WARPS * LANES    there are
                           / WARPS workers                                 workers
+
+(the blocks in lower case are the settings', :class:`._settings.Settings`.)
 
 init and check are moe_unpermute's (:func:`.unpermute.check_steps`): the same value rules
 and status slots. claim and collide find each row's pair without atomics (:mod:`.owner`);
@@ -35,12 +37,11 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _abi
-from .._cache import BoundedCache
 from ..runtime._buffer import DeviceBuffer, carve
 from ..runtime._launch import launcher_for, optional_arg
 from ..runtime._sequence import LaunchSequence, Step
 from ..runtime._status import StatusWords, status_arg
-from . import scatter
+from . import _settings, scatter
 from ._copy import WORD_DTYPE, row_parts, word_width
 from ._family import NoKey
 from .combine import ITEMSIZE, widths
@@ -49,18 +50,6 @@ from .scatter import SCATTER, ScatterKey
 from .unpermute import check_scratch, check_steps
 
 FAMILIES = (CLAIM, COLLIDE, SCATTER)
-
-OWNER_BD = 256  # threads of a claim or collide block
-OWNER_BLOCKS = 2048  # most claim or collide blocks (each thread then takes a few entries)
-ZERO_WORKERS = 256  # fewest zero workers (when there are as many chunks of rows)
-# token workers that keep the GPU's loads busy: a call with fewer tokens shares each token's
-# rows among up to K warps, and without the dot product splits rows into parts too (a warp
-# that takes all of a token's rows has that many rows' round trips one after another)
-TOKEN_WARPS = 4096
-PART_GROUPS = 4  # fewest groups per lane in a part of a split row
-# most token workers whose dot products take the wider batch (BATCH_GROUPS[True]): with few
-# warps the SMs have registers to spare, and a row then takes fewer round trips
-WIDE_DOT_WARPS = 1024
 
 _INDEX_DTYPES = {4: np.int32, 8: np.int64}
 _I64 = np.dtype(np.int64)
@@ -105,42 +94,43 @@ class _Launches(NamedTuple):
     scratch: tuple  # (count, dtype) of each scratch part: owner, dups
 
 
-# call key -> planned launches (they follow the module's settings; the GPU backend's clear()
-# empties it); token counts vary between calls
-LAUNCH_PLANS = BoundedCache(1024)
+# call key -> planned launches (they follow the settings); token counts vary between calls
+LAUNCH_PLANS = _settings.launch_plans()
 
 
 def _zero_workers(R, slots):
     """Warps that test the rows' owners (a chunk of LANES rows each) and zero the rows
     without a pair: one per chunk of the rows there would be with every routing slot
-    filled (``R - slots``), at least ZERO_WORKERS, at most R's chunks."""
+    filled (``R - slots``), at least ``zero_workers``, at most R's chunks."""
     chunks = -(-R // scatter.LANES)
-    return min(chunks, max(ZERO_WORKERS, -(-max(R - slots, 0) // scatter.LANES)))
+    least = _settings.current.zero_workers
+    return min(chunks, max(least, -(-max(R - slots, 0) // scatter.LANES)))
 
 
 def _token_workers(T, K, E, groups, dot):
     """(shares, parts, groups per part): the warps that share each token's rows (each takes
     every ``shares``-th, so that no warp has more than a few), and the parts of a row of
-    ``groups`` groups (without the dot product; each at least PART_GROUPS groups per lane,
-    starting on a whole warp's groups), for about TOKEN_WARPS workers; (1, 1, groups) from
-    TOKEN_WARPS tokens on. The dot product of a row stays one warp's: its order is the
-    lanes' (docs/gradients.rst)."""
-    shares = row_parts(T, min(K, E), TOKEN_WARPS, 1)[0]
+    ``groups`` groups (without the dot product; each at least ``scatter_part_groups`` groups
+    per lane, starting on a whole warp's groups), for about ``scatter_token_warps`` workers;
+    (1, 1, groups) from that many tokens on. The dot product of a row stays one warp's: its
+    order is the lanes' (docs/gradients.rst)."""
+    s = _settings.current
+    shares = row_parts(T, min(K, E), s.scatter_token_warps, 1)[0]
     if dot:
         return shares, 1, groups
-    parts, pg = row_parts(
-        T * shares, groups, TOKEN_WARPS, PART_GROUPS * scatter.LANES, scatter.LANES
-    )
+    least = s.scatter_part_groups * scatter.LANES
+    parts, pg = row_parts(T * shares, groups, s.scatter_token_warps, least, scatter.LANES)
     return shares, parts, pg
 
 
 def _batch_groups(width, groups, dot, workers):
-    """16-byte groups a scatter thread holds at once: the fewest of its BATCH_GROUPS that
-    take the whole part of ``groups`` groups (16-byte words; narrower words come from odd
-    rows: the smallest); with the dot product the smallest for more than WIDE_DOT_WARPS
-    token ``workers``."""
-    batches = scatter.BATCH_GROUPS[dot]
-    if width != 16 or (dot and workers > WIDE_DOT_WARPS):
+    """16-byte groups a scatter thread holds at once: the fewest of ``batch_groups[dot]``
+    that take the whole part of ``groups`` groups (16-byte words; narrower words come from
+    odd rows: the smallest); with the dot product the smallest for more than
+    ``wide_dot_warps`` token ``workers``."""
+    s = _settings.current
+    batches = s.batch_groups[dot]
+    if width != 16 or (dot and workers > s.wide_dot_warps):
         return batches[0]
     for nb in batches:
         if nb * scatter.LANES >= groups:
@@ -154,9 +144,10 @@ def _plan_launches(T, E, K, R, H, width, data_type, weighted, dot, bits, validat
     npz = _zero_workers(R, T * K)
     shares, parts, pg = _token_workers(T, K, E, -(-nw * width // 16), dot)
     steps = check_steps(T, E, K, bits) if validate else []
-    owner_grid = max(1, min(OWNER_BLOCKS, -(-T * E // OWNER_BD)))
-    steps.append(Step(CLAIM.get(NoKey()), CLAIM, owner_grid, OWNER_BD))
-    steps.append(Step(COLLIDE.get(NoKey()), COLLIDE, owner_grid, OWNER_BD))
+    s = _settings.current
+    owner_grid = max(1, min(s.owner_blocks, -(-T * E // s.owner_bd)))
+    steps.append(Step(CLAIM.get(NoKey()), CLAIM, owner_grid, s.owner_bd))
+    steps.append(Step(COLLIDE.get(NoKey()), COLLIDE, owner_grid, s.owner_bd))
     checked = len(steps)
     workers = T * shares * parts
     if npz + workers > 0:

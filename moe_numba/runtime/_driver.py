@@ -28,10 +28,11 @@ _CU_LAUNCH_PARAM_END = 0
 _CU_LAUNCH_PARAM_BUFFER_POINTER = 1
 _CU_LAUNCH_PARAM_BUFFER_SIZE = 2
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 _MOST_WORDS = 64  # the most parameters of a kernel (this package's have at most 30)
 
 
-def _c_launcher():
+def c_launcher():
     """The C extension :mod:`._driver_c`, or None where it is not built or is turned off."""
     if not switch("MOE_NUMBA_C_LAUNCH", True):
         return None
@@ -119,6 +120,9 @@ class DriverLauncher:
         self._get_device = libcuda.cuCtxGetDevice
         self._get_device.restype = ctypes.c_int
         self._get_device.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        self._attribute = libcuda.cuDeviceGetAttribute
+        self._attribute.restype = ctypes.c_int
+        self._attribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
         self._configs = BoundedCache(4096)  # grids vary with the token count
         self._packs = {}  # parameter count -> struct.pack_into of that many int64 words
         self._words = _Words()
@@ -138,6 +142,20 @@ class DriverLauncher:
         if self._get_device(ctypes.byref(device)):
             return None
         return device.value
+
+    def capability_major(self, device):
+        """The major compute capability of ``device`` (an ordinal), or -1 where the driver
+        does not give it."""
+        value = ctypes.c_int(-1)
+        if self._attribute(
+            ctypes.byref(value), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device
+        ):
+            return -1
+        return value.value
+
+    def forget_configs(self):
+        """Forget the launch configurations built so far (a launch holds its own)."""
+        self._configs.clear()
 
     def config(self, grid, block, shmem, stream, dependent):
         """``(configuration, its address)``: the launch configuration, built once per argument
@@ -189,7 +207,7 @@ def driver_launcher():
     for name in ("libcuda.so.1", "libcuda.so"):
         try:
             libcuda = ctypes.CDLL(name)
-            return DriverLauncher(libcuda, _c_launcher())
+            return DriverLauncher(libcuda, c_launcher())
         except (OSError, AttributeError):
             continue
     return None

@@ -29,17 +29,14 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .._cache import BoundedCache
 from .._errors import INSTALL_GPU_EXTRA, MISSING_TOOLKIT_ERRORS, GPUUnavailableError
+from ._driver import launch_dims
+from ._runtime import RUNTIME
 from ._sim import SIM
 
 if not SIM:
     from cuda.bindings import driver as _driver
     from cuda.core import LaunchConfig, Stream, launch
-
-    from ._driver import driver_launcher, launch_dims
-
-    _DRIVER = driver_launcher()  # None: launches go through cuda.core
 
 
 def optional_arg(buf, dtype):
@@ -97,12 +94,9 @@ class RawKernel:
         return kernel
 
 
-_STREAMS = {}
-_CONFIGS = BoundedCache(4096)  # grids vary with the token count
-
-
 def _current_device():
-    device = None if _DRIVER is None else _DRIVER.current_device()
+    driver = RUNTIME.driver
+    device = None if driver is None else driver.current_device()
     if device is not None:
         return device
     success = _driver.CUresult.CUDA_SUCCESS
@@ -115,24 +109,25 @@ def _current_device():
     return int(device)
 
 
-_GRIDDEP = {}
-
-
 def _griddep_capable(device):
     """Whether ``device`` runs programmatic dependent launches (compute capability >= 9.0)
     and the launch path can ask for them (the driver's can; older ``cuda.core`` releases
     cannot)."""
-    capable = _GRIDDEP.get(device)
+    capable = RUNTIME.griddep.get(device)
     if capable is None:
-        attribute = _driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
-        err, major = _driver.cuDeviceGetAttribute(attribute, _driver.CUdevice(device))
-        capable = err == _driver.CUresult.CUDA_SUCCESS and major >= 9
-        if capable and _DRIVER is None:
-            try:
-                LaunchConfig(grid=1, block=32, programmatic_stream_serialization=True)
-            except TypeError:
-                capable = False
-        _GRIDDEP[device] = capable
+        driver = RUNTIME.driver
+        if driver is not None:
+            capable = driver.capability_major(device) >= 9
+        else:
+            attribute = _driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+            err, major = _driver.cuDeviceGetAttribute(attribute, _driver.CUdevice(device))
+            capable = err == _driver.CUresult.CUDA_SUCCESS and major >= 9
+            if capable:
+                try:
+                    LaunchConfig(grid=1, block=32, programmatic_stream_serialization=True)
+                except TypeError:
+                    capable = False
+        RUNTIME.griddep[device] = capable
     return capable
 
 
@@ -167,22 +162,25 @@ class Launcher:
             kernel.dispatcher[grid, block, 0, shmem](*args)
             return
         overlap = dependent and self.overlap
-        if _DRIVER is not None:
-            config = _DRIVER.config(grid, block, shmem, self.handle, overlap)
-            _DRIVER(kernel.handle(self.device), config[1], args, kernel.name)
+        driver = RUNTIME.driver
+        if driver is not None:
+            config = driver.config(grid, block, shmem, self.handle, overlap)
+            driver(kernel.handle(self.device), config[1], args, kernel.name)
             return
         key = (grid, block, shmem, overlap)
-        launch_config = _CONFIGS.get(key)
+        configs = RUNTIME.configs
+        launch_config = configs.get(key)
         if launch_config is None:
             options = {"programmatic_stream_serialization": True} if overlap else {}
-            launch_config = _CONFIGS.put(
+            launch_config = configs.put(
                 key, LaunchConfig(grid=grid, block=block, shmem_size=shmem, **options)
             )
         if self.stream is None:
             key = (self.device, self.handle)
-            stream = _STREAMS.get(key)
+            streams = RUNTIME.streams
+            stream = streams.get(key)
             if stream is None:
-                stream = _STREAMS[key] = Stream.from_handle(self.handle)
+                stream = streams[key] = Stream.from_handle(self.handle)
             self.stream = stream
         launch(self.stream, launch_config, kernel.cu_kernel(self.device), *args)
 
@@ -191,19 +189,19 @@ class Launcher:
         :class:`._sequence.LaunchSequence`) with the call's ``values``, each as a programmatic
         dependent where the device allows (see :meth:`__call__`): through the C launcher in
         one call where it is built, else one launch at a time."""
-        c = None if SIM or _DRIVER is None else _DRIVER.c
-        if c is None:
+        driver = None if SIM else RUNTIME.driver
+        if driver is None or driver.c is None:
             for i in range(start, stop):
                 step = sequence.steps[i]
                 args = sequence.args(i, values)
                 self(step.kernel, step.grid, step.block, args, step.shmem, dependent=True)
             return
         key = (self.device, self.overlap)
-        bound = sequence.bound(key, lambda: _bind(c, sequence, *key))
+        bound = sequence.bound(key, lambda: _bind(driver, sequence, *key))
         failed = bound.run(self.handle, values, start, stop)
         if failed is not None:
             step, err = failed
-            raise _DRIVER.error(err, sequence.steps[step].kernel.name)
+            raise driver.error(err, sequence.steps[step].kernel.name)
 
 
 def launcher_for(stream):
@@ -220,9 +218,10 @@ def c_step(step, device, overlap, template, slots):
     return (handle, grid, block, step.shmem, overlap, list(template), list(slots))
 
 
-def _bind(c, sequence, device, overlap):
-    """``sequence`` as the C launcher's, with the kernels' handles on ``device``."""
+def _bind(driver, sequence, device, overlap):
+    """``sequence`` as the C launcher's of ``driver``, with the kernels' handles on
+    ``device``."""
     steps = [
         c_step(step, device, overlap, *sequence.words(i)) for i, step in enumerate(sequence.steps)
     ]
-    return c.LaunchSequence(_DRIVER.address, steps)
+    return driver.c.LaunchSequence(driver.address, steps)

@@ -44,6 +44,13 @@ def _launch_module():
     return _launch
 
 
+def _runtime_driver():
+    """The runtime's driver launcher, or None (imported late, as :mod:`._launch` is)."""
+    from ._runtime import RUNTIME
+
+    return RUNTIME.driver
+
+
 class RecordingLauncher:
     """A :class:`._launch.Launcher` for ``stream`` that also keeps what its sequences launched.
 
@@ -62,7 +69,7 @@ class RecordingLauncher:
         self.handle = self._launcher.handle
         self.overlap = self._launcher.overlap
         self.runs = []  # (sequence, values, start, stop) of every sequence launched
-        driver = None if launch.SIM else launch._DRIVER
+        driver = None if launch.SIM else _runtime_driver()
         self.refused = driver is None or driver.c is None
 
     def __call__(self, *args, **kwargs):
@@ -98,5 +105,5 @@ def replay_sequence(launcher, staged):
             template, slots = [w for w, _ in words], [k for _, k in words]
             steps.append(launch.c_step(step, launcher.device, launcher.overlap, template, slots))
             names.append(step.kernel.name)
-    driver = launch._DRIVER
+    driver = _runtime_driver()
     return driver.c.LaunchSequence(driver.address, steps), tuple(names)

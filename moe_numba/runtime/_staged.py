@@ -5,8 +5,9 @@ before are read from a device copy made once (:mod:`moe_numba._gpu`); values see
 first time, a training step's counts, are written into a pinned host block that the kernels
 load through its mapped address, with no copy and no allocation in the call. An event
 recorded after the call's launches marks when the block may be written again; blocks are
-pooled per device and size, and a block is taken from its pool only when that event has
-passed (else a new one is made: a pool grows to the number of calls in flight).
+pooled per device and size (:class:`._runtime.Runtime` holds the pools), and a block is
+taken from its pool only when that event has passed (else a new one is made: a pool grows to
+the number of calls in flight).
 
 A CUDA graph would keep reading a block after it went back to the pool, so a stream that is
 being captured never gets one (:func:`capturing`): it gets a block of its own that is never
@@ -23,18 +24,16 @@ from collections import deque
 
 import numpy as np
 
-from . import _launch
 from ._buffer import DeviceBuffer
 from ._recording import STAGED, Address, RecordingLauncher
+from ._runtime import RUNTIME
 from ._sim import SIM
 from ._status import HostBlock, driver_call
 
 if not SIM:
     from cuda.bindings import driver as _driver
 
-_POOLS: dict[tuple[int, int], deque[HostBlock]] = {}
 _LEAST = 64  # the fewest words of a block (blocks come in powers of two from here)
-_KEPT: dict[tuple[int, bytes], DeviceBuffer] = {}  # (device, values) -> their words, for good
 
 
 def capturing(stream):
@@ -54,7 +53,7 @@ def kept_words(device, values):
     device and distinct values (graphs are captured a few times, not per step)."""
     values = np.asarray(values, dtype=np.int64)
     key = (device, values.tobytes())
-    kept = _KEPT.get(key)
+    kept = RUNTIME.kept.get(key)  # (device, values) -> their words, for good
     if kept is None:
         if SIM:
             kept = DeviceBuffer(0, values.nbytes, values.copy())
@@ -62,7 +61,7 @@ def kept_words(device, values):
             block = _relaxed(lambda: HostBlock(max(1, values.size)))
             block.words[: values.size] = values
             kept = DeviceBuffer(block.ptr, values.nbytes)
-        _KEPT[key] = kept
+        RUNTIME.kept[key] = kept
     return kept
 
 
@@ -83,7 +82,7 @@ def _pool(device, n):
     size = _LEAST
     while size < n:
         size *= 2
-    return size, _POOLS.setdefault((device, size), deque())
+    return size, RUNTIME.staged_pools.setdefault((device, size), deque())
 
 
 def _take(pool):
@@ -101,7 +100,7 @@ def _take(pool):
 
 def _c_driver():
     """The driver launcher when its C helpers are built, else None (cuda-bindings then)."""
-    driver = _launch._DRIVER
+    driver = RUNTIME.driver
     return None if driver is None or driver.c is None else driver
 
 

@@ -7,8 +7,9 @@ event only, so the rest of the call's work (the row copies) keeps running after 
 returns, exactly as with ``validate=False``; if the words report an error the call raises
 and its outputs are dropped (stream-ordered allocators reuse them only after the kernels).
 
-Host blocks and their events are pooled per device; a block goes back to its pool when its
-words have been read, so concurrent calls (other threads, other streams) never share one.
+Host blocks and their events are pooled per device (:class:`._runtime.Runtime` holds the
+pools); a block goes back to its pool when its words have been read, so concurrent calls
+(other threads, other streams) never share one.
 Under the CUDA simulator the words are a NumPy array (simulated kernels run at launch).
 """
 
@@ -19,13 +20,13 @@ import ctypes
 import numpy as np
 
 from ._launch import optional_arg
+from ._runtime import RUNTIME
 from ._sim import SIM
 
 if not SIM:
     from cuda.bindings import driver as _driver
 
 _WORDS = 8  # int64 words per block: the longest status of _abi
-_POOLS: dict[int, list[HostBlock]] = {}
 
 
 def driver_call(call, *args):
@@ -53,6 +54,13 @@ class HostBlock:
         )
         self.event_handle = int(self.event)
 
+    def free(self):
+        """Give the words and the event back to the driver, once the event has passed (the
+        launches recorded before it may still read or write the words)."""
+        driver_call(_driver.cuEventSynchronize, self.event)
+        driver_call(_driver.cuEventDestroy, self.event)
+        driver_call(_driver.cuMemFreeHost, self.host)
+
 
 class StatusWords:
     """Where one call's kernels write ``n`` status words, and how the host gets them.
@@ -78,7 +86,7 @@ class StatusWords:
             self._block = self._pool = self._stream = None
             self.arg = np.full(n, -2, np.int64)
             return
-        self._pool = _POOLS.setdefault(launch.device, [])
+        self._pool = RUNTIME.status_pools.setdefault(launch.device, [])
         self._block = self._pool.pop() if self._pool else HostBlock()
         self._stream = launch.handle
         self.arg = self._block.ptr
@@ -90,6 +98,7 @@ class StatusWords:
 
     def read(self):
         """Wait until the words are final; return a copy of them."""
+        RUNTIME.status_reads += 1
         if SIM:
             return self.arg.copy()
         block = self._block

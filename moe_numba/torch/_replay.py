@@ -39,7 +39,7 @@ stream is being captured either: the full path keeps a graph's capacities for go
 
 from __future__ import annotations
 
-from .. import _core
+from .._cache import on_clear
 from .._ops import OPS
 
 try:  # (built with the C launcher: without it nothing is recorded)
@@ -85,11 +85,9 @@ _Op = _Unrecorded if ReplayedOp is None else ReplayedOp
 REPLAYS = {op: _Op(op, _recorded_run(op)) for op in OPS}
 
 
+@on_clear
 def clear():
-    """Forget every op's replays and what the core keeps per call (:func:`moe_numba._core.clear`):
-    the next calls plan, record and upload anew (tools that change the kernels' module
-    settings between calls, since a replay keeps the launches it recorded; tests that need
-    calls met for the first time)."""
-    _core.clear()
+    """Forget every op's replays: the next calls record anew (one of the clears of
+    :func:`moe_numba.clear`, registered when the torch integration loads)."""
     for replays in REPLAYS.values():
         replays.clear()

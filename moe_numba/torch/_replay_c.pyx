@@ -94,9 +94,9 @@ cdef class Replay:
     cdef uintptr_t _get_device
 
     def __init__(self, call, recorded, result, counts=None):
-        from ..runtime import _launch, _staged  # (numba: loaded by the recorded call already)
+        from ..runtime import _staged, get_runtime  # (numba: loaded by the recorded call)
 
-        driver = _launch._DRIVER
+        driver = get_runtime().driver
         self._driver = driver
         self._get_device = driver.get_device_address
         self._sequence, self._names, outputs = recorded
