@@ -240,7 +240,7 @@ def test_a_sequence_fills_each_template_with_the_call_values(c, overlap):
     sequence = _sequence()
     values = (2**40 + 8, 2**45)
     with _driver_of(fake, c):
-        sequence.run(_launch.Launcher(0xD00), values)
+        _launch.Launcher(0xD00).run(sequence, values)
         _launch.Launcher(0xE00).sequence(sequence, (1, 2), 1, 2)  # the second step only
     first, second, third = fake.launches
     attrs = [(6, 1)] if overlap else []
@@ -272,8 +272,32 @@ def test_a_failed_launch_in_a_sequence_names_its_kernel_and_stops_it(c):
         _driver_of(fake, c),
         pytest.raises(RuntimeError, match=r"failed \(a\): CUDA error 1 \(an invalid argument\)"),
     ):
-        _sequence().run(_launch.Launcher(0), (1, 2))
+        _launch.Launcher(0).run(_sequence(), (1, 2))
     assert len(fake.launches) == 1  # b was not launched
+
+
+class _Status:
+    """A stand-in for a call's status words: when they were marked written."""
+
+    def __init__(self, fake):
+        self.fake, self.after = fake, None
+
+    def written(self):
+        self.after = len(self.fake.launches)
+
+
+@_PACKERS
+@pytest.mark.parametrize("final", [0, 1, 2])
+def test_a_run_marks_the_status_words_written_after_the_steps_that_finish_them(c, final):
+    """The launches of a call go from its planner to the launcher in one call, which marks
+    the status words written right after the first ``final`` steps (those that compute
+    them) and launches the rest after."""
+    _launch = _launcher_module()
+    fake = _FakeCuda()
+    status = _Status(fake)
+    with _driver_of(fake, c):
+        _launch.Launcher(0).run(_sequence(), (1, 2), status, final)
+    assert len(fake.launches) == 2 and status.after == final
 
 
 def test_the_driver_swap_sets_the_runtimes_state_aside_and_brings_it_back():

@@ -80,7 +80,7 @@ class Settings:
         Fewest 16-byte groups per lane in a part of a split scatter row.
     wide_dot_warps : int
         Most token workers whose dot products take the wider batch of
-        ``batch_groups[1]`` (with few warps the SMs have registers to spare).
+        ``batch_groups[1]`` (with few warps the SMs have registers to spare; 0: never).
     batch_groups : tuple of two tuples of int
         16-byte groups a scatter thread may hold at once, rising: without the dot product,
         then with it (scatter variants).
@@ -94,7 +94,8 @@ class Settings:
         For a field of the wrong type (an int where an int is due, bools refused; tuples
         of ints).
     ValueError
-        For a value out of its range (each int >= 1, ``one_block_slots`` >= 0), tuples
+        For a value out of its range (each int >= 1, ``one_block_slots`` and
+        ``wide_dot_warps`` >= 0), tuples
         that are empty or not rising, a ``ct`` that is no multiple of 32, or ``pad_rows``
         above ``gather_lanes``.
     """
@@ -149,7 +150,7 @@ class Settings:
             elif type(field.default) is tuple:
                 _check_batches(field.name, value)
             else:
-                _check_int(field.name, value, 0 if field.name == "one_block_slots" else 1)
+                _check_int(field.name, value, 0 if field.name in _MAY_BE_0 else 1)
         if self.ct % 32:
             raise ValueError(f"Settings.ct must be a multiple of 32; got {self.ct}")
         if self.pad_rows > self.gather_lanes:
@@ -157,6 +158,9 @@ class Settings:
                 f"Settings.pad_rows must be at most gather_lanes ({self.gather_lanes}); got "
                 f"{self.pad_rows}"
             )
+
+
+_MAY_BE_0 = ("one_block_slots", "wide_dot_warps")  # (0 switches them off)
 
 
 def _check_int(name, value, least):

@@ -296,7 +296,7 @@ def run(plan, buffers, alloc, stream):
         status_arg(status),
         *carve(alloc, go.scratch),
     )
-    go.launches.run_checked(launch, values, status, go.counted)
+    launch.run(go.launches, values, status, go.counted)
     if staged is not None:
         staged.release()
     return status

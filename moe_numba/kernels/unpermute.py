@@ -192,5 +192,5 @@ def run(plan, buffers, validate, alloc, stream, slots=SLOT_PROBS):
         check_scratch(alloc) if validate else optional_arg(None, np.int64),
         status_arg(status),
     )
-    go.launches.run_checked(launch, values, status, go.checked)
+    launch.run(go.launches, values, status, go.checked)
     return status

@@ -189,16 +189,35 @@ class Launcher:
         :class:`._sequence.LaunchSequence`) with the call's ``values``, each as a programmatic
         dependent where the device allows (see :meth:`__call__`): through the C launcher in
         one call where it is built, else one launch at a time."""
+        self.run(sequence, values, None, 0, start, stop)
+
+    def run(self, sequence, values, status=None, final=0, start=0, stop=None):
+        """Launch every step of ``sequence`` (from ``start`` up to ``stop``; default: all)
+        with the call's ``values`` (a tuple in slot order), as :meth:`sequence` does; with
+        ``status`` (the call's :class:`._status.StatusWords`), mark its words written right
+        after the first ``final`` steps, the ones that finish them. The call's kernels go
+        from the planner to the C launcher through this one Python frame."""
+        stop = len(sequence.steps) if stop is None else stop
         driver = None if SIM else RUNTIME.driver
         if driver is None or driver.c is None:
             for i in range(start, stop):
+                if status is not None and i == final:
+                    status.written()
                 step = sequence.steps[i]
                 args = sequence.args(i, values)
                 self(step.kernel, step.grid, step.block, args, step.shmem, dependent=True)
+            if status is not None and final >= stop:
+                status.written()
             return
         key = (self.device, self.overlap)
         bound = sequence.bound(key, lambda: _bind(driver, sequence, *key))
-        failed = bound.run(self.handle, values, start, stop)
+        if status is None:
+            failed = bound.run(self.handle, values, start, stop)
+        else:
+            failed = bound.run(self.handle, values, start, final)
+            if failed is None:
+                status.written()
+                failed = bound.run(self.handle, values, final, stop)
         if failed is not None:
             step, err = failed
             raise driver.error(err, sequence.steps[step].kernel.name)

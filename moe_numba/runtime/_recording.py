@@ -77,8 +77,14 @@ class RecordingLauncher:
         self._launcher(*args, **kwargs)
 
     def sequence(self, sequence, values, start, stop):
+        self.run(sequence, values, None, 0, start, stop)
+
+    def run(self, sequence, values, status=None, final=0, start=0, stop=None):
+        if status is not None:
+            self.refused = True  # (a replay runs validate=False calls only: no status words)
+        stop = len(sequence.steps) if stop is None else stop
         self.runs.append((sequence, values, start, stop))
-        self._launcher.sequence(sequence, values, start, stop)
+        self._launcher.run(sequence, values, status, final, start, stop)
 
 
 def _word(value, staged):

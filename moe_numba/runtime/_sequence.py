@@ -98,20 +98,3 @@ class LaunchSequence:
         if bound is None:
             bound = self._bound[key] = make()
         return bound
-
-    def run_checked(self, launch, values, status, final):
-        """Launch every step; with ``status`` (the call's :class:`._status.StatusWords`, or
-        None), mark its words written right after the first ``final`` steps, the ones that
-        finish them."""
-        if status is None:
-            self.run(launch, values)
-            return
-        self.run(launch, values, 0, final)
-        status.written()
-        self.run(launch, values, final)
-
-    def run(self, launch, values, start=0, stop=None):
-        """Launch steps ``start`` up to ``stop`` (default: the last) with ``launch`` (the
-        call's :class:`._launch.Launcher`) and the call's ``values`` (a tuple in slot
-        order)."""
-        launch.sequence(self, values, start, len(self.steps) if stop is None else stop)
