@@ -42,7 +42,9 @@ def torch_ops():
     from torch.profiler import ProfilerActivity, profile
 
     names = []
-    profiler = profile(activities=[ProfilerActivity.CPU])
+    # (acc_events: the events of the whole block, not only of the profiler's last cycle;
+    # some torch releases warn without it)
+    profiler = profile(activities=[ProfilerActivity.CPU], acc_events=True)
     try:
         with profiler:
             yield names

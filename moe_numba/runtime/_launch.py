@@ -94,7 +94,9 @@ class RawKernel:
         return kernel
 
 
-def _current_device():
+def current_device():
+    """The device of the calling thread's current context; device 0's primary context
+    (numba's) is made current where the thread has none."""
     driver = RUNTIME.driver
     device = None if driver is None else driver.current_device()
     if device is not None:
@@ -144,7 +146,7 @@ class Launcher:
             self.device = self.handle = self.stream = None
             self.overlap = False
             return
-        self.device = _current_device()
+        self.device = current_device()
         self.handle = int(stream)
         self.overlap = _griddep_capable(self.device)
         self.stream = None  # its cuda.core Stream, made when a launch needs it

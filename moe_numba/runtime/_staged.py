@@ -43,7 +43,17 @@ def capturing(stream):
         return False
     if isinstance(stream, RecordingLauncher):
         stream = stream.handle
-    status = driver_call(_driver.cuStreamIsCapturing, _driver.CUstream(stream))
+    err, status = _driver.cuStreamIsCapturing(_driver.CUstream(stream))
+    if err == _driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        # a thread without a current context (autograd's device thread before any CUDA
+        # runtime call there, with the dispatcher's device guard skipped): made current as
+        # the launch path makes it
+        from ._launch import current_device
+
+        current_device()
+        status = driver_call(_driver.cuStreamIsCapturing, _driver.CUstream(stream))
+    elif err != _driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuStreamIsCapturing failed: {err}")
     return status != _driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
