@@ -1,7 +1,7 @@
 """Vectorised NumPy permute and weighted unpermute: the CPU backend's baseline ("vs NumPy").
 
 They are what a NumPy user would write (a stable sort and one gather; one gather per top-k
-slot), not the contract's executable form (that is :mod:`moe_numba._oracle`). The permute
+slot), not the contract's executable form (that is :mod:`moe_numba.oracle`). The permute
 gives the contract's rows and row map; the combine rounds each product before adding, so it
 matches the contract to within rounding only.
 """

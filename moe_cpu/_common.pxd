@@ -1,7 +1,7 @@
 # Declarations shared by the kernel modules of moe_cpu: the index type of routing maps, and the
 # numbers moe_cpu exchanges with its caller (status slots and data-type codes).
 #
-# The numbers are those of moe_numba/_abi.py, which documents what each slot holds. moe_cpu
+# The numbers are those of moe_numba/abi.py, which documents what each slot holds. moe_cpu
 # does not import moe_numba; it publishes them instead (moe_cpu.STATUS_SLOTS, DATA_TYPES) and
 # moe_numba checks at import that both tables agree.
 

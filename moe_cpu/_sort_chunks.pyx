@@ -145,7 +145,7 @@ def sort_chunks(
         int64 ``[C]``: the rows of the chunk at each output position, bad sizes corrected
         by the rule (OUT).
     status : numpy.ndarray
-        int64 ``[SORT_STATUS_LEN]`` (OUT), see :mod:`moe_numba._abi`.
+        int64 ``[SORT_STATUS_LEN]`` (OUT), see :mod:`moe_numba.abi`.
 
     Raises
     ------

@@ -1,5 +1,5 @@
 """The public ``moe_permute`` and ``moe_unpermute``: each builds its op's arrays and scalars
-(:mod:`._ops`) and hands them to the front of the arrays' library (:mod:`._fronts`)."""
+(:mod:`.ops`) and hands them to the front of the arrays' library (:mod:`._fronts`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, TypeAlias
 
 from ._contract import PermuteArrays, PermuteScalars, UnpermuteArrays, UnpermuteScalars
 from ._fronts import front_of
-from ._ops import PERMUTE, UNPERMUTE
+from .ops import PERMUTE, UNPERMUTE
 
 Array: TypeAlias = Any
 """A NumPy array, or a CUDA array: numba device array, CuPy array, PyTorch CUDA tensor or any

@@ -12,7 +12,7 @@ from ._contract_backward import (
     UnpermuteBackwardScalars,
 )
 from ._fronts import front_of
-from ._ops import PERMUTE_BACKWARD, UNPERMUTE_BACKWARD
+from .ops import PERMUTE_BACKWARD, UNPERMUTE_BACKWARD
 
 
 def moe_permute_backward(

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from ._api import Array
 from ._contract_sort import SortArrays, SortScalars
 from ._fronts import front_of
-from ._ops import SORT_CHUNKS
+from .ops import SORT_CHUNKS
 
 
 def moe_sort_chunks(

@@ -3,7 +3,7 @@ of every error.
 
 Everything here looks at shapes, dtypes and Python scalars only (the caller reads them into
 :class:`ArrayMeta`): it runs before any work starts and never touches array contents. Value
-errors found by the backends come back as status words (:mod:`moe_numba._abi`) and are worded
+errors found by the backends come back as status words (:mod:`moe_numba.abi`) and are worded
 by :func:`raise_for_permute_status` and :func:`raise_for_unpermute_status`.
 """
 
@@ -16,7 +16,7 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from . import _abi
+from . import abi
 from ._libraries import is_traced_int
 
 # frozensets: a dtype is hashed once instead of compared with each entry
@@ -32,9 +32,9 @@ HIDDEN_DTYPES = frozenset(
 )
 FLOAT8_DTYPES = frozenset((np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)))
 COMBINE_DTYPES = {
-    np.dtype(np.float32): _abi.DATA_FLOAT32,
-    np.dtype(ml_dtypes.bfloat16): _abi.DATA_BFLOAT16,
-    np.dtype(np.float16): _abi.DATA_FLOAT16,
+    np.dtype(np.float32): abi.DATA_FLOAT32,
+    np.dtype(ml_dtypes.bfloat16): abi.DATA_BFLOAT16,
+    np.dtype(np.float16): abi.DATA_FLOAT16,
 }
 ROUTEMAP_DTYPES = frozenset((np.dtype(np.int32), np.dtype(np.int64)))
 FLOAT32 = frozenset((np.dtype(np.float32),))
@@ -366,45 +366,45 @@ def _token_slot(flat, width):
 
 
 def raise_for_permute_status(status, plan: PermutePlan):
-    """Raise the ``ValueError`` that ``status`` (``_abi.PERMUTE_*``) reports, if any."""
-    if status[_abi.PERMUTE_BAD_ID] >= 0:
-        t, k = _token_slot(status[_abi.PERMUTE_BAD_ID], plan.topk)
+    """Raise the ``ValueError`` that ``status`` (``abi.PERMUTE_*``) reports, if any."""
+    if status[abi.PERMUTE_BAD_ID] >= 0:
+        t, k = _token_slot(status[abi.PERMUTE_BAD_ID], plan.topk)
         raise ValueError(
-            f"expert_routemap_topk[{t}, {k}] = {int(status[_abi.PERMUTE_BAD_ID_VALUE])} is not "
+            f"expert_routemap_topk[{t}, {k}] = {int(status[abi.PERMUTE_BAD_ID_VALUE])} is not "
             f"an expert id: ids must be -1 or in [0, num_experts={plan.num_experts})"
         )
-    if status[_abi.PERMUTE_DUPLICATE] >= 0:
-        t, k = _token_slot(status[_abi.PERMUTE_DUPLICATE], plan.topk)
+    if status[abi.PERMUTE_DUPLICATE] >= 0:
+        t, k = _token_slot(status[abi.PERMUTE_DUPLICATE], plan.topk)
         raise ValueError(
-            f"expert_routemap_topk[{t}, {k}] = {int(status[_abi.PERMUTE_DUPLICATE_VALUE])} "
+            f"expert_routemap_topk[{t}, {k}] = {int(status[abi.PERMUTE_DUPLICATE_VALUE])} "
             f"repeats an expert of an earlier slot of token {t}: each token may name an "
             "expert once"
         )
-    if status[_abi.PERMUTE_MISMATCH] >= 0:
-        e = int(status[_abi.PERMUTE_MISMATCH])
+    if status[abi.PERMUTE_MISMATCH] >= 0:
+        e = int(status[abi.PERMUTE_MISMATCH])
         raise ValueError(
             f"tokens_per_expert[{e}] = {int(plan.capacities[e])} but the routing map sends "
-            f"{int(status[_abi.PERMUTE_MISMATCH_COUNT])} tokens to expert {e}"
+            f"{int(status[abi.PERMUTE_MISMATCH_COUNT])} tokens to expert {e}"
         )
-    if status[_abi.PERMUTE_ROWS_NEEDED] >= 0:
+    if status[abi.PERMUTE_ROWS_NEEDED] >= 0:
         raise ValueError(
             f"override_buffer_size = {plan.num_rows} rows is too small: the routing map needs "
-            f"{int(status[_abi.PERMUTE_ROWS_NEEDED])} rows with padding_alignment = "
+            f"{int(status[abi.PERMUTE_ROWS_NEEDED])} rows with padding_alignment = "
             f"{plan.alignment}"
         )
 
 
 def raise_for_unpermute_status(status, plan: UnpermutePlan):
-    """Raise the ``ValueError`` that ``status`` (``_abi.UNPERMUTE_*``) reports, if any."""
-    if status[_abi.UNPERMUTE_BAD_ROW] >= 0:
-        t, e = _token_slot(status[_abi.UNPERMUTE_BAD_ROW], plan.num_experts)
+    """Raise the ``ValueError`` that ``status`` (``abi.UNPERMUTE_*``) reports, if any."""
+    if status[abi.UNPERMUTE_BAD_ROW] >= 0:
+        t, e = _token_slot(status[abi.UNPERMUTE_BAD_ROW], plan.num_experts)
         raise ValueError(
-            f"zipped_expertwise_rowmap[{t}, {e}] = {int(status[_abi.UNPERMUTE_BAD_ROW_VALUE])} "
+            f"zipped_expertwise_rowmap[{t}, {e}] = {int(status[abi.UNPERMUTE_BAD_ROW_VALUE])} "
             f"is not a row: entries must be -1 or in [0, rows={plan.num_rows})"
         )
-    if status[_abi.UNPERMUTE_BAD_ID] >= 0:
-        t, k = _token_slot(status[_abi.UNPERMUTE_BAD_ID], plan.topk)
+    if status[abi.UNPERMUTE_BAD_ID] >= 0:
+        t, k = _token_slot(status[abi.UNPERMUTE_BAD_ID], plan.topk)
         raise ValueError(
-            f"expert_routemap_topk[{t}, {k}] = {int(status[_abi.UNPERMUTE_BAD_ID_VALUE])} is "
+            f"expert_routemap_topk[{t}, {k}] = {int(status[abi.UNPERMUTE_BAD_ID_VALUE])} is "
             f"not an expert id: ids must be -1 or in [0, num_experts={plan.num_experts})"
         )

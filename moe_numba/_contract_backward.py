@@ -2,7 +2,7 @@
 of their value errors.
 
 As in :mod:`moe_numba._contract`, everything here looks at shapes, dtypes and Python scalars
-only; the backends report bad values as status words (:mod:`moe_numba._abi`).
+only; the backends report bad values as status words (:mod:`moe_numba.abi`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _abi
+from . import abi
 from ._contract import (
     COMBINE_DTYPES,
     FLOAT8_DTYPES,
@@ -73,7 +73,7 @@ class BackwardPlan(NamedTuple):
     num_experts: int
     num_rows: int  # R (moe_permute_backward: 0 when neither gradient is given)
     dtype: np.dtype | None  # of the gradient rows
-    data_type: int  # _abi.DATA_*, -1 without gradient rows
+    data_type: int  # abi.DATA_*, -1 without gradient rows
     grad_hidden: bool  # the gradient rows are given (their gradient is computed)
     grad_prob: bool  # the probability gradient input is given
     weighted: bool  # moe_unpermute_backward: the forward combine was weighted
@@ -253,18 +253,18 @@ def check_unpermute_backward_metadata(arrays, scalars: UnpermuteBackwardScalars)
 
 
 def raise_for_permute_backward_status(status, plan: BackwardPlan):
-    """Raise the ``ValueError`` that ``status`` (the ``_abi.UNPERMUTE_*`` slots) reports."""
+    """Raise the ``ValueError`` that ``status`` (the ``abi.UNPERMUTE_*`` slots) reports."""
     raise_for_unpermute_status(status, plan)
 
 
 def raise_for_unpermute_backward_status(status, plan: BackwardPlan):
-    """Raise the ``ValueError`` that ``status`` (``_abi.UNPERMUTE_*`` and
-    ``_abi.UNPERMUTE_BACKWARD_*``) reports, if any."""
+    """Raise the ``ValueError`` that ``status`` (``abi.UNPERMUTE_*`` and
+    ``abi.UNPERMUTE_BACKWARD_*``) reports, if any."""
     raise_for_unpermute_status(status, plan)
-    row = int(status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW])
+    row = int(status[abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW])
     if row >= 0:
-        first = divmod(int(status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_FIRST]), plan.num_experts)
-        second = divmod(int(status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_SECOND]), plan.num_experts)
+        first = divmod(int(status[abi.UNPERMUTE_BACKWARD_DUPLICATE_FIRST]), plan.num_experts)
+        second = divmod(int(status[abi.UNPERMUTE_BACKWARD_DUPLICATE_SECOND]), plan.num_experts)
         raise ValueError(
             f"zipped_expertwise_rowmap[{first[0]}, {first[1]}] and "
             f"zipped_expertwise_rowmap[{second[0]}, {second[1]}] both name row {row}: each "

@@ -4,7 +4,7 @@
 chunk ``c`` starting at row ``sum(split_sizes[:c])``; ``y[:S]`` is those chunks in the order
 ``order``, ``y[S:]`` is ``x[S:]``. Host sizes (a sequence or NumPy array) and the order are
 checked here, before any work. Sizes held in a CUDA array are checked by the kernels: they
-report what they find in status words (``_abi.SORT_*``) that :func:`raise_for_sort_status`
+report what they find in status words (``abi.SORT_*``) that :func:`raise_for_sort_status`
 words exactly like the host check. With ``validate=False`` bad device sizes follow
 :data:`BAD_SIZES_RULE`.
 """
@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _abi
+from . import abi
 from ._contract import FLOAT32, ROUTEMAP_DTYPES, check_bool, check_dtype, check_ndim, check_shape
 from ._libraries import classify, dlpack_cuda, is_traced_int
 
@@ -134,12 +134,12 @@ def host_ints(name, values):
 
 
 def sizes_status(sizes, num_rows):
-    """The status words (``_abi.SORT_*``) of int64 ``sizes`` for ``num_rows`` rows."""
-    status = np.full(_abi.SORT_STATUS_LEN, -1, dtype=np.int64)
+    """The status words (``abi.SORT_*``) of int64 ``sizes`` for ``num_rows`` rows."""
+    status = np.full(abi.SORT_STATUS_LEN, -1, dtype=np.int64)
     negative = np.flatnonzero(sizes < 0)
     if negative.size:
-        status[_abi.SORT_BAD_SIZE] = negative[0]
-        status[_abi.SORT_BAD_SIZE_VALUE] = sizes[negative[0]]
+        status[abi.SORT_BAD_SIZE] = negative[0]
+        status[abi.SORT_BAD_SIZE_VALUE] = sizes[negative[0]]
     # clamped to N + 1 so that the starts cannot overflow; every start up to the first
     # chunk past the end is still exact
     counted = np.minimum(np.maximum(sizes, 0), num_rows + 1)
@@ -147,9 +147,9 @@ def sizes_status(sizes, num_rows):
     past = np.flatnonzero(np.maximum(sizes, 0) > num_rows - starts)
     if past.size:
         c = past[0]
-        status[_abi.SORT_PAST_END] = c
-        status[_abi.SORT_PAST_END_SIZE] = sizes[c]
-        status[_abi.SORT_PAST_END_START] = starts[c]
+        status[abi.SORT_PAST_END] = c
+        status[abi.SORT_PAST_END_SIZE] = sizes[c]
+        status[abi.SORT_PAST_END_START] = starts[c]
     return status
 
 
@@ -226,18 +226,18 @@ def check_sort_metadata(arrays, scalars: SortScalars):
 
 
 def raise_for_sort_status(status, plan: SortPlan):
-    """Raise the ``ValueError`` that ``status`` (``_abi.SORT_*``) reports, if any."""
-    if status[_abi.SORT_BAD_SIZE] >= 0:
+    """Raise the ``ValueError`` that ``status`` (``abi.SORT_*``) reports, if any."""
+    if status[abi.SORT_BAD_SIZE] >= 0:
         raise ValueError(
-            f"split_sizes must be >= 0; got split_sizes[{int(status[_abi.SORT_BAD_SIZE])}] = "
-            f"{int(status[_abi.SORT_BAD_SIZE_VALUE])}"
+            f"split_sizes must be >= 0; got split_sizes[{int(status[abi.SORT_BAD_SIZE])}] = "
+            f"{int(status[abi.SORT_BAD_SIZE_VALUE])}"
         )
-    if status[_abi.SORT_PAST_END] >= 0:
+    if status[abi.SORT_PAST_END] >= 0:
         raise ValueError(
             f"split_sizes must sum to at most the rows of x ({plan.num_rows}); got "
-            f"split_sizes[{int(status[_abi.SORT_PAST_END])}] = "
-            f"{int(status[_abi.SORT_PAST_END_SIZE])} starting at row "
-            f"{int(status[_abi.SORT_PAST_END_START])}"
+            f"split_sizes[{int(status[abi.SORT_PAST_END])}] = "
+            f"{int(status[abi.SORT_PAST_END_SIZE])} starting at row "
+            f"{int(status[abi.SORT_PAST_END_START])}"
         )
 
 

@@ -1,6 +1,6 @@
 """The core: the front of NumPy and CUDA arrays, and what every front runs a call through.
 
-For one op (its declaration, :mod:`._ops`) a call is prepared, then run:
+For one op (its declaration, :mod:`.ops`) a call is prepared, then run:
 
 - :func:`prepare` checks the call before any work: every required array given, where its
   arrays live, its metadata (shapes, dtypes, scalars) by the op's check, contiguity and
@@ -23,7 +23,7 @@ from ._capacities import forget_capacity_plans, with_capacities
 from ._contract import ArrayMeta
 from ._dispatch import call_key, check_arrays, check_given, locate
 from ._libraries import array_library
-from ._ops import OPS
+from .ops import OPS
 
 
 def metadata(arrays):
@@ -57,7 +57,7 @@ class CallCache:
 
     Parameters
     ----------
-    op : moe_numba._ops.Op
+    op : moe_numba.ops.Op
         The op whose calls it prepares.
     """
 

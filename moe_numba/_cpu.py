@@ -1,9 +1,9 @@
 """The CPU backend: outputs from ``moe_cpu``'s caching allocator, then its Cython stages.
 
 Imported on the first call with NumPy arrays. Both backends (this module and :mod:`._gpu`)
-offer one function per op (:mod:`._ops`), named as the op: ``op(plan, arrays, empty=...) ->
+offer one function per op (:mod:`.ops`), named as the op: ``op(plan, arrays, empty=...) ->
 (outputs, status)``, where ``outputs`` is the op's outputs NamedTuple (:mod:`._outputs`) and
-``status`` its status words (:mod:`._abi`) when ``plan.validate`` is true, else None.
+``status`` its status words (:mod:`.abi`) when ``plan.validate`` is true, else None.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 
 import moe_cpu
 
-from . import _abi
+from . import abi
 from ._contract import UnpermuteArrays
 from ._outputs import (
     PermuteBackwardOutputs,
@@ -23,7 +23,7 @@ from ._outputs import (
 )
 
 # moe_cpu is compiled apart from this package: it must agree on the numbers they exchange
-_abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, moe_cpu.DATA_TYPES)
+abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, moe_cpu.DATA_TYPES)
 
 
 def _as_bytes(x):
@@ -33,7 +33,7 @@ def _as_bytes(x):
 
 def _kernel_view(x, plan):
     """float32 rows as they are, 16-bit rows as their uint16 bit patterns."""
-    return x if plan.data_type == _abi.DATA_FLOAT32 else x.view(np.uint16)
+    return x if plan.data_type == abi.DATA_FLOAT32 else x.view(np.uint16)
 
 
 def permute(plan, arrays, empty=moe_cpu.empty):
@@ -56,7 +56,7 @@ def permute(plan, arrays, empty=moe_cpu.empty):
         The status words when ``plan.validate`` is true.
     """
     out = permute_outputs(plan, empty)
-    status = empty((_abi.PERMUTE_STATUS_LEN,), np.int64)
+    status = empty((abi.PERMUTE_STATUS_LEN,), np.int64)
     moe_cpu.permute(
         _as_bytes(arrays.hidden_states) if plan.do_gather else None,
         _as_bytes(arrays.scale) if plan.gather_scale else None,
@@ -80,7 +80,7 @@ def unpermute(plan, arrays, empty=moe_cpu.empty):
     """Run ``moe_unpermute`` on NumPy arrays (parameters and returns as :func:`permute`)."""
     out = unpermute_outputs(plan, empty)
     hidden, slot_probs = out
-    status = empty((_abi.UNPERMUTE_STATUS_LEN,), np.int64)
+    status = empty((abi.UNPERMUTE_STATUS_LEN,), np.int64)
     moe_cpu.unpermute(
         _kernel_view(arrays.hidden_states_unzipped, plan),
         arrays.zipped_expertwise_rowmap,
@@ -115,7 +115,7 @@ def permute_backward(plan, arrays, empty=moe_cpu.empty):
         (hidden, _), status = unpermute(combine_plan, combine, empty)
     if plan.grad_prob:
         probs = empty((plan.num_tokens, plan.topk), np.float32)
-        status = empty((_abi.UNPERMUTE_STATUS_LEN,), np.int64)
+        status = empty((abi.UNPERMUTE_STATUS_LEN,), np.int64)
         moe_cpu.permute_backward_probs(grad_probs, rowmap, routemap, probs, status)
     return PermuteBackwardOutputs(hidden, probs), (status if plan.validate else None)
 
@@ -129,7 +129,7 @@ def unpermute_backward(plan, arrays, empty=moe_cpu.empty):
     :func:`permute`; ``plan`` is a ``BackwardPlan``)."""
     out = unpermute_backward_outputs(plan, empty)
     rows, probs = out
-    status = empty((_abi.UNPERMUTE_BACKWARD_STATUS_LEN,), np.int64)
+    status = empty((abi.UNPERMUTE_BACKWARD_STATUS_LEN,), np.int64)
     row_probs = arrays.token_prob_unzipped
     moe_cpu.unpermute_backward(
         _bytes_or_none(arrays.grad_hidden_states),
@@ -141,7 +141,7 @@ def unpermute_backward(plan, arrays, empty=moe_cpu.empty):
         _bytes_or_none(rows),
         probs,
         status,
-        data_type=plan.data_type if plan.grad_hidden else _abi.DATA_FLOAT32,  # no rows: unused
+        data_type=plan.data_type if plan.grad_hidden else abi.DATA_FLOAT32,  # no rows: unused
         weighted=plan.weighted,
         num_rows=plan.num_rows,
     )
@@ -155,7 +155,7 @@ def sort_chunks(plan, arrays, empty=moe_cpu.empty):
     sizes, which :func:`~._contract_sort.check_sort_metadata` has already checked: None.
     """
     out = sort_outputs(plan, empty)
-    status = empty((_abi.SORT_STATUS_LEN,), np.int64)
+    status = empty((abi.SORT_STATUS_LEN,), np.int64)
     moe_cpu.sort_chunks(
         _as_bytes(arrays.x),
         plan.sizes,

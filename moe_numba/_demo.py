@@ -7,7 +7,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-from . import _oracle, moe_permute, moe_unpermute
+from . import moe_permute, moe_unpermute, oracle
 
 
 def _same_bits(a, b):
@@ -56,7 +56,7 @@ def _docs_example(target):
     print("  zipped_expertwise_rowmap (row of token t for expert e, -1 = none):")
     for t, row in enumerate(outputs[1]):
         print(f"    token {t}: {row.tolist()}")
-    expected, _ = _oracle.permute(hidden, None, routemap, probs, 3, [1, 2, 1], 2)
+    expected, _ = oracle.permute(hidden, None, routemap, probs, 3, [1, 2, 1], 2)
     return _check("permute", outputs, expected)
 
 
@@ -92,9 +92,9 @@ def _workload(target, tokens, hidden, experts, topk):
     print(f"  moe_permute   {permute_ms:8.2f} ms   -> {rows.shape[0]} rows")
     print(f"  moe_unpermute {unpermute_ms:8.2f} ms   -> {tuple(combined[0].shape)}")
     print("  checking against the NumPy oracle (slow, plain Python) ...", flush=True)
-    expected, _ = _oracle.permute(x, None, routemap, probs, experts, counts, 16)
+    expected, _ = oracle.permute(x, None, routemap, probs, experts, counts, 16)
     ok = _check("permute", [to_host(v) for v in permuted], expected)
-    expected_combine, _ = _oracle.unpermute(
+    expected_combine, _ = oracle.unpermute(
         expected[0],
         expected[1],
         routemap,

@@ -226,7 +226,7 @@ class _GPUBackend:
             return None, capacities
         return self._capacities_on_device(call, capacities, capturing, key), None
 
-    # One method per op (moe_numba._ops), named as the op: ``op(plan, arrays, empty=None,
+    # One method per op (moe_numba.ops), named as the op: ``op(plan, arrays, empty=None,
     # call=None) -> (outputs, status words or None)``; the status words where the plan
     # validates. ``empty(shape, dtype)``, when given, allocates the outputs and scratch
     # instead of the arrays' library; ``call``, when given, is a :class:`RecordedCall` of

@@ -44,7 +44,7 @@ except ModuleNotFoundError as error:
     ) from error
 
 from ._contract import PermuteArrays, PermuteScalars, UnpermuteArrays, UnpermuteScalars  # noqa: E402
-from ._ops import PERMUTE, UNPERMUTE  # noqa: E402
+from .ops import PERMUTE, UNPERMUTE  # noqa: E402
 from .torch import _front  # noqa: E402
 
 __all__ = ["experts_forward", "register"]

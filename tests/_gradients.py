@@ -12,8 +12,8 @@ from _cases import (
     metadata,
     random_routing,
 )
-from moe_numba import _oracle, moe_permute_backward, moe_unpermute_backward
-from moe_numba._ops import PERMUTE_BACKWARD, UNPERMUTE_BACKWARD
+from moe_numba import moe_permute_backward, moe_unpermute_backward, oracle
+from moe_numba.ops import PERMUTE_BACKWARD, UNPERMUTE_BACKWARD
 
 
 def with_gradients(backend):
@@ -39,7 +39,7 @@ def routed(rng, num_tokens, topk, num_experts, alignment, *, repeats=0.0, drop=F
     capacities = counts_of(routemap, num_experts)
     if drop:
         capacities = rng.integers(0, capacities + 1)
-    (_, rowmap, _, _), _ = _oracle.permute(
+    (_, rowmap, _, _), _ = oracle.permute(
         np.zeros((num_tokens, 1), np.float32),
         None,
         routemap,
@@ -48,7 +48,7 @@ def routed(rng, num_tokens, topk, num_experts, alignment, *, repeats=0.0, drop=F
         capacities,
         alignment,
     )
-    num_rows = int(_oracle.padded_rows(capacities, alignment).sum())
+    num_rows = int(oracle.padded_rows(capacities, alignment).sum())
     return routemap, rowmap, num_rows
 
 
@@ -102,7 +102,7 @@ def check_permute_backward(backend, grad_rows, grad_probs, rowmap, routemap, val
     check that no input changed. Returns the oracle's outputs."""
     arrays = (grad_rows, grad_probs, rowmap, routemap)
     copies = [None if x is None else x.copy() for x in arrays]
-    expected, status = _oracle.permute_backward(*arrays)
+    expected, status = oracle.permute_backward(*arrays)
     op = PERMUTE_BACKWARD
     message = expected_error(status, op, op.arrays(*arrays), op.scalars(validate=True))
     if validate and message is not None:
@@ -118,7 +118,7 @@ def check_permute_backward(backend, grad_rows, grad_probs, rowmap, routemap, val
 def check_unpermute_backward(backend, *arrays, weighted, num_rows, validate=True):
     """As :func:`check_permute_backward`, for ``moe_unpermute_backward(*arrays, ...)``."""
     copies = [None if x is None else x.copy() for x in arrays]
-    expected, status = _oracle.unpermute_backward(*arrays, weighted, num_rows)
+    expected, status = oracle.unpermute_backward(*arrays, weighted, num_rows)
     op = UNPERMUTE_BACKWARD
     scalars = op.scalars(using_weighted_combine=weighted, num_rows=num_rows, validate=True)
     message = expected_error(status, op, op.arrays(*arrays), scalars)
@@ -132,7 +132,7 @@ def check_unpermute_backward(backend, *arrays, weighted, num_rows, validate=True
         if weighted and arrays[0] is not None and not backend.exact_fma:
             # the simulator's fma rounds twice: the dot product within 1 ulp per term of the
             # same sum of absolute values
-            magnitude = _oracle.unpermute_backward(
+            magnitude = oracle.unpermute_backward(
                 *(None if x is None else np.abs(x) for x in arrays[:3]),
                 *arrays[3:5], np.abs(arrays[5]), weighted, num_rows,
             )[0][1]  # fmt: skip

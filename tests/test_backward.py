@@ -31,11 +31,11 @@ from _gradients import (
     with_gradients,
 )
 from moe_numba import (
-    _oracle,
     moe_permute,
     moe_permute_backward,
     moe_unpermute,
     moe_unpermute_backward,
+    oracle,
 )
 from moe_numba.kernels import settings as kernel_settings
 from moe_numba.kernels import use_settings
@@ -336,7 +336,7 @@ def test_weighted_probability_gradient_is_the_warp_dot(backend):
     t, e = np.nonzero(rowmap >= 0)
     rows = rowmap[t, e]
     expected = np.zeros(r, np.float32)
-    expected[rows] = _oracle.warp_dot(dy[t], xu[rows])
+    expected[rows] = oracle.warp_dot(dy[t], xu[rows])
     assert_same_bits(dp, expected, "grad_token_prob_unzipped")
 
 
@@ -357,7 +357,7 @@ def test_weighted_without_rows_leaves_out_the_dot(backend):
     assert_same_bits(without[0], with_rows[0], "grad_hidden_states_unzipped")
     slot_only = run_on(backend, moe_unpermute_backward, None, g, None, rowmap, routemap, p, **flags)
     assert_same_bits(without[1], slot_only[1], "grad_token_prob_unzipped")
-    (_, expected), _ = _oracle.unpermute_backward(dy, g, None, rowmap, routemap, p, True, r)
+    (_, expected), _ = oracle.unpermute_backward(dy, g, None, rowmap, routemap, p, True, r)
     assert_same_bits(without[1], expected, "grad_token_prob_unzipped")
 
 
@@ -382,7 +382,7 @@ def test_dot_order_by_hand(backend, dtype):
         num_rows=1,
     )  # fmt: skip
     assert dp[0] == np.float32(16777220.0)
-    assert _oracle.warp_dot(dy, xu)[0] == np.float32(16777220.0)
+    assert oracle.warp_dot(dy, xu)[0] == np.float32(16777220.0)
 
 
 def test_gradients_are_adjoints_of_the_forward_ops():

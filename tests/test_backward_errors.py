@@ -11,9 +11,13 @@ import moe_cpu
 from _cases import plan_of
 from _gradients import with_gradients
 from moe_cpu import _backward
-from moe_numba import _abi, _cpu, _oracle, moe_permute_backward, moe_unpermute_backward
-from moe_numba._contract_backward import PermuteBackwardArrays, UnpermuteBackwardArrays
-from moe_numba._ops import PERMUTE_BACKWARD, UNPERMUTE_BACKWARD
+from moe_numba import _cpu, abi, moe_permute_backward, moe_unpermute_backward, oracle
+from moe_numba.ops import (
+    PERMUTE_BACKWARD,
+    UNPERMUTE_BACKWARD,
+    PermuteBackwardArrays,
+    UnpermuteBackwardArrays,
+)
 
 ROWMAP = np.array([[0, 2, -1], [-1, 3, -1], [1, -1, 4], [-1, -1, -1]], np.int32)  # R = 6
 ROUTEMAP = np.array([[0, 1], [1, -1], [2, 0], [-1, -1]], np.int32)
@@ -385,7 +389,7 @@ def test_cpu_glue_writes_every_output(given, dtype):
     arrays = PermuteBackwardArrays(rows, probs, ROWMAP, ROUTEMAP)
     plan = plan_of(PERMUTE_BACKWARD, arrays, validate=True)
     outputs, status = _cpu.permute_backward(plan, arrays, poison)
-    expected, expected_status = _oracle.permute_backward(*arrays)
+    expected, expected_status = oracle.permute_backward(*arrays)
     for a, b in zip(outputs, expected, strict=True):
         assert (a is None and b is None) or a.tobytes() == b.tobytes()
     assert status.tolist() == expected_status.tolist()
@@ -397,17 +401,17 @@ def test_cpu_glue_writes_every_output(given, dtype):
     arrays = UnpermuteBackwardArrays(dy, g, xu, ROWMAP, ROUTEMAP, p)
     plan = plan_of(UNPERMUTE_BACKWARD, arrays, using_weighted_combine=True, num_rows=6)
     outputs, status = _cpu.unpermute_backward(plan, arrays, poison)
-    expected, expected_status = _oracle.unpermute_backward(*arrays, True, 6)
+    expected, expected_status = oracle.unpermute_backward(*arrays, True, 6)
     for a, b in zip(outputs, expected, strict=True):
         assert (a is None and b is None) or a.tobytes() == b.tobytes()
     assert status.tolist() == expected_status.tolist()
 
 
 def test_status_slots_are_published():
-    """moe_numba checks moe_cpu.STATUS_SLOTS against _abi at import: the gradient slots must
+    """moe_numba checks moe_cpu.STATUS_SLOTS against abi at import: the gradient slots must
     be among them."""
     for name in ("UNPERMUTE_BACKWARD_DUPLICATE_ROW", "UNPERMUTE_BACKWARD_STATUS_LEN"):
-        assert moe_cpu.STATUS_SLOTS[name] == getattr(_abi, name) == _abi.STATUS_SLOTS[name]
+        assert moe_cpu.STATUS_SLOTS[name] == getattr(abi, name) == abi.STATUS_SLOTS[name]
 
 
 def kernel_args():

@@ -29,13 +29,14 @@ from _cases import (  # noqa: E402
     random_values,
 )
 from _gradients import token_with_40_rows  # noqa: E402
-from moe_numba import _abi, _oracle  # noqa: E402
-from moe_numba._contract_backward import (  # noqa: E402
+from moe_numba import abi, oracle  # noqa: E402
+from moe_numba.kernels import Settings, settings, use_settings  # noqa: E402
+from moe_numba.ops import (  # noqa: E402
+    PERMUTE_BACKWARD,
+    UNPERMUTE_BACKWARD,
     PermuteBackwardArrays,
     UnpermuteBackwardArrays,
 )
-from moe_numba._ops import PERMUTE_BACKWARD, UNPERMUTE_BACKWARD  # noqa: E402
-from moe_numba.kernels import Settings, settings, use_settings  # noqa: E402
 
 if config.ENABLE_CUDASIM:
     from moe_numba import _gpu  # noqa: E402
@@ -73,7 +74,7 @@ def small_geometry(monkeypatch):
     from numba.cuda.simulator import kernelapi
 
     def exact_fma(self, a, b, c):
-        return np.float32(_oracle.fma_float32(a, b, c))
+        return np.float32(oracle.fma_float32(a, b, c))
 
     monkeypatch.setattr(kernelapi.FakeCUDAModule, "fma", exact_fma)
     with use_settings(**SMALL):
@@ -148,7 +149,7 @@ def run_backend(op, plan, host_arrays, expected, status_expected, scratch, names
 def run_permute_backward(grad_rows, grad_probs, rowmap, routemap):
     """The GPU backend against the oracle (:func:`run_backend`); the status words."""
     host_arrays = PermuteBackwardArrays(grad_rows, grad_probs, rowmap, routemap)
-    expected, status = _oracle.permute_backward(*host_arrays)
+    expected, status = oracle.permute_backward(*host_arrays)
     plan = plan_of(PERMUTE_BACKWARD, host_arrays)
     names = ("grad_hidden_states", "grad_expert_prob_topk")
     run_backend("permute_backward", plan, host_arrays, expected, status, (1, 0), names)
@@ -158,7 +159,7 @@ def run_permute_backward(grad_rows, grad_probs, rowmap, routemap):
 def run_unpermute_backward(dy, g, xu, rowmap, routemap, p, weighted, num_rows):
     """As :func:`run_permute_backward`, for the unpermute's gradient."""
     host_arrays = UnpermuteBackwardArrays(dy, g, xu, rowmap, routemap, p)
-    expected, status = _oracle.unpermute_backward(*host_arrays, weighted, num_rows)
+    expected, status = oracle.unpermute_backward(*host_arrays, weighted, num_rows)
     plan = plan_of(
         UNPERMUTE_BACKWARD, host_arrays, using_weighted_combine=weighted, num_rows=num_rows
     )
@@ -311,9 +312,9 @@ def test_unpermute_backward_rows_named_twice():
     rowmap[2, 1], rowmap[4, 1], rowmap[6, 2] = 9, 9, 9  # row 9 three times: the smallest
     dy, g, xu, p = gradients(rng, T, K, R, ml_dtypes.bfloat16, H)
     status = run_unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
-    assert status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW] == 9
-    assert status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_FIRST] == 2 * E + 1
-    assert status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_SECOND] == 4 * E + 1
+    assert status[abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW] == 9
+    assert status[abi.UNPERMUTE_BACKWARD_DUPLICATE_FIRST] == 2 * E + 1
+    assert status[abi.UNPERMUTE_BACKWARD_DUPLICATE_SECOND] == 4 * E + 1
     run_unpermute_backward(dy, None, None, rowmap, routemap, None, False, R)
 
 
@@ -332,9 +333,9 @@ def test_unpermute_backward_bad_entries():
     rowmap[0, 0], rowmap[8, 5] = 3, 3
     dy, g, xu, p = gradients(rng, T, K, R, np.float16, H)
     status = run_unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
-    assert status[_abi.UNPERMUTE_BAD_ROW] == 2 * E + 5
-    assert status[_abi.UNPERMUTE_BAD_ID] == 4 * K + 1
-    assert status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW] == 3
+    assert status[abi.UNPERMUTE_BAD_ROW] == 2 * E + 5
+    assert status[abi.UNPERMUTE_BAD_ID] == 4 * K + 1
+    assert status[abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW] == 3
 
 
 @pytest.mark.usefixtures("workers")
@@ -359,8 +360,8 @@ def test_unpermute_backward_weighted_without_the_dot_product(dtype, H):
     T, K, E, R = 5, 3, 4, 16
     routemap, rowmap = permuted(rng, T, K, E, R, repeats=0.5)
     dy, g, xu, p = gradients(rng, T, K, R, dtype, H)
-    (rows, _), status = _oracle.unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
-    (_, dp), _ = _oracle.unpermute_backward(dy, g, None, rowmap, routemap, None, False, R)
+    (rows, _), status = oracle.unpermute_backward(dy, g, xu, rowmap, routemap, p, True, R)
+    (_, dp), _ = oracle.unpermute_backward(dy, g, None, rowmap, routemap, None, False, R)
     host_arrays = UnpermuteBackwardArrays(dy, g, xu, rowmap, routemap, p)
     plan = plan_of(UNPERMUTE_BACKWARD, host_arrays, using_weighted_combine=True, num_rows=R)
 
@@ -429,8 +430,8 @@ def test_permute_backward_optional_inputs_and_bad_entries():
     grad_rows = random_bits(rng, (R, H), ml_dtypes.bfloat16)
     grad_probs = random_bits(rng, (R,), np.float32)  # copied: every bit kept
     status = run_permute_backward(grad_rows, grad_probs, rowmap, routemap)
-    assert status[_abi.UNPERMUTE_BAD_ROW] == 2 * E + 4
-    assert status[_abi.UNPERMUTE_BAD_ID] == 1 * K + 2
+    assert status[abi.UNPERMUTE_BAD_ROW] == 2 * E + 4
+    assert status[abi.UNPERMUTE_BAD_ID] == 1 * K + 2
     run_permute_backward(grad_rows, None, rowmap, routemap)
     run_permute_backward(None, grad_probs, rowmap, routemap)
 

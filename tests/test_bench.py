@@ -19,7 +19,7 @@ from benchmarks.cases import Case
 from benchmarks.records import Result
 from benchmarks.run import Settings, run
 from benchmarks.target import CpuTarget
-from moe_numba import _oracle, moe_permute
+from moe_numba import moe_permute, oracle
 
 TINY = dict(tokens=16, hidden=8, experts=4, topk=2, alignment=4)
 TINY_ARGS = [f"--{k}={v}" for k, v in TINY.items()] + ["--repeat=1"]
@@ -61,12 +61,12 @@ def test_case_refuses_more_slots_than_experts():
 def test_numpy_baselines_follow_the_contract():
     case = Case(tokens=33, hidden=16, experts=6, topk=3, alignment=4, dtype="bf16")
     x = _cases.make_inputs(case, seed=3)
-    expected, _ = _oracle.permute(x.hidden, None, x.routemap, x.probs, 6, x.counts, 4)
+    expected, _ = oracle.permute(x.hidden, None, x.routemap, x.probs, 6, x.counts, 4)
     rows, rowmap, row_probs = numpy_baseline.permute(x.hidden, x.routemap, x.probs, x.counts, 4)
     assert_same_bits(rows, expected[0], "rows")
     assert_same_bits(rowmap, expected[1], "rowmap")
     assert_same_bits(row_probs, expected[2], "row probabilities")
-    (combined, _), _ = _oracle.unpermute(
+    (combined, _), _ = oracle.unpermute(
         rows, rowmap, x.routemap, row_probs, 33, 6, using_weighted_combine=True
     )
     baseline = numpy_baseline.unpermute(rows, rowmap, x.routemap, row_probs)

@@ -7,8 +7,7 @@ import pytest
 
 from moe_numba import _core
 from moe_numba._capacities import with_capacities
-from moe_numba._contract import PermuteArrays, PermuteScalars
-from moe_numba._ops import PERMUTE
+from moe_numba.ops import PERMUTE, PermuteArrays, PermuteScalars
 
 
 def _plan(num_experts=3, alignment=2):

@@ -9,8 +9,7 @@ import pytest
 
 import moe_numba
 from moe_numba import _core, moe_permute
-from moe_numba._contract import PermuteArrays, PermuteScalars
-from moe_numba._ops import PERMUTE
+from moe_numba.ops import PERMUTE, PermuteArrays, PermuteScalars
 
 
 def test_clear_forgets_every_prepared_call():

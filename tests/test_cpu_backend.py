@@ -4,7 +4,7 @@ the oracle; the tables moe_cpu shares with the API; thread control.
 The public API and the backend-parametrised suite live elsewhere; these tests plan a call
 with the contract, run ``_cpu.permute`` with an allocator that fills every output and status
 word with garbage (so that an element the backend forgets to write shows up), and compare
-everything with ``moe_numba._oracle``. ``moe_cpu.permute`` is called directly where the glue
+everything with ``moe_numba.oracle``. ``moe_cpu.permute`` is called directly where the glue
 would not pass the arguments (shape errors, saturation). The unpermute's tests are in
 ``test_cpu_unpermute.py``.
 """
@@ -18,9 +18,8 @@ from hypothesis import strategies as st
 import moe_cpu
 from _cases import FLOAT8, HIDDEN_DTYPES, bits, counts_of, garbage, plan_of
 from moe_cpu._parallel import copy_rows
-from moe_numba import _abi, _cpu, _oracle
-from moe_numba._contract import PermuteArrays
-from moe_numba._ops import PERMUTE
+from moe_numba import _cpu, abi, oracle
+from moe_numba.ops import PERMUTE, PermuteArrays
 
 HYPOTHESIS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -32,18 +31,18 @@ def default_threads():
 
 
 def test_moe_cpu_tables_equal_the_api_tables():
-    assert moe_cpu.STATUS_SLOTS == _abi.STATUS_SLOTS
-    assert moe_cpu.DATA_TYPES == _abi.DATA_TYPES
-    _abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, moe_cpu.DATA_TYPES)
-    # every op's slots are in the checked table (an op whose prefix _abi._OPS lacks is not)
-    ops = {name for name in vars(_abi) if name.endswith("_STATUS_LEN")}
+    assert moe_cpu.STATUS_SLOTS == abi.STATUS_SLOTS
+    assert moe_cpu.DATA_TYPES == abi.DATA_TYPES
+    abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, moe_cpu.DATA_TYPES)
+    # every op's slots are in the checked table (an op whose prefix abi._OPS lacks is not)
+    ops = {name for name in vars(abi) if name.endswith("_STATUS_LEN")}
     assert ops == {
         "PERMUTE_STATUS_LEN",
         "UNPERMUTE_STATUS_LEN",
         "UNPERMUTE_BACKWARD_STATUS_LEN",
         "SORT_STATUS_LEN",
     }
-    assert ops <= _abi.STATUS_SLOTS.keys()
+    assert ops <= abi.STATUS_SLOTS.keys()
 
 
 def test_a_table_that_differs_is_an_import_error():
@@ -52,12 +51,12 @@ def test_a_table_that_differs_is_an_import_error():
     with pytest.raises(
         ImportError,
         match=r"moe_cpu was built from other sources than moe_numba "
-        r"\(STATUS_SLOTS\['PERMUTE_MISMATCH'\] is 4 in moe_numba._abi but 9 in moe_cpu; "
-        r"STATUS_SLOTS\['UNPERMUTE_BAD_ROW'\] is 2 in moe_numba._abi but None in moe_cpu\)",
+        r"\(STATUS_SLOTS\['PERMUTE_MISMATCH'\] is 4 in moe_numba.abi but 9 in moe_cpu; "
+        r"STATUS_SLOTS\['UNPERMUTE_BAD_ROW'\] is 2 in moe_numba.abi but None in moe_cpu\)",
     ):
-        _abi.check_tables("moe_cpu", slots, moe_cpu.DATA_TYPES)
+        abi.check_tables("moe_cpu", slots, moe_cpu.DATA_TYPES)
     with pytest.raises(ImportError, match=r"DATA_TYPES\['DATA_FLOAT16'\] is 2 .* but 5 in moe_cpu"):
-        _abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, dict(moe_cpu.DATA_TYPES, DATA_FLOAT16=5))
+        abi.check_tables("moe_cpu", moe_cpu.STATUS_SLOTS, dict(moe_cpu.DATA_TYPES, DATA_FLOAT16=5))
 
 
 # ---------------------------------------------------------------------------------- permute
@@ -120,7 +119,7 @@ def check_permute(
         return_expert_indices=return_expert_indices,
         override_buffer_size=override_buffer_size,
     )
-    expected, expected_status = _oracle.permute(*args, **kwargs)
+    expected, expected_status = oracle.permute(*args, **kwargs)
     got, status = cpu_permute(*args, **kwargs, validate=False)
     assert status is None
     assert len(got) == len(expected)
@@ -172,7 +171,7 @@ def permute_cases(draw):
     if mode == "capacity":
         tokens_per_expert = np.maximum(0, counts + rng.integers(-2, 3, E))
     elif mode == "override":
-        needed = int(_oracle.padded_rows(counts, alignment).sum())
+        needed = int(oracle.padded_rows(counts, alignment).sum())
         override = max(0, needed + draw(st.integers(-6, 6)))
     dtype = np.dtype(draw(st.sampled_from(HIDDEN_DTYPES)))
     do_gather = draw(st.booleans()) or draw(st.booleans())
@@ -254,7 +253,7 @@ def test_permute_chunks_and_threads():
             np.testing.assert_array_equal(sa, sb)
             for x, y in zip(a, b, strict=True):
                 np.testing.assert_array_equal(bits(x), bits(y))
-    assert results[0][1][1][_abi.PERMUTE_BAD_ID] == 1700 * 5 + 2
+    assert results[0][1][1][abi.PERMUTE_BAD_ID] == 1700 * 5 + 2
 
 
 def test_permute_streamed_outputs():
@@ -301,20 +300,20 @@ def test_permute_status_words():
     hidden = np.arange(T * 2, dtype=np.float32).reshape(T, 2)
     counts = counts_of(routemap, E)
     status = check_permute(hidden, None, routemap, probs, E, counts + [0, 2, 0, 0], 2)
-    assert status[_abi.PERMUTE_BAD_ID] == 5 and status[_abi.PERMUTE_BAD_ID_VALUE] == 9
-    assert status[_abi.PERMUTE_DUPLICATE] == 4 and status[_abi.PERMUTE_DUPLICATE_VALUE] == 2
-    assert status[_abi.PERMUTE_MISMATCH] == 1
-    assert status[_abi.PERMUTE_MISMATCH_COUNT] == counts[1]
-    assert status[_abi.PERMUTE_ROWS_NEEDED] == -1
+    assert status[abi.PERMUTE_BAD_ID] == 5 and status[abi.PERMUTE_BAD_ID_VALUE] == 9
+    assert status[abi.PERMUTE_DUPLICATE] == 4 and status[abi.PERMUTE_DUPLICATE_VALUE] == 2
+    assert status[abi.PERMUTE_MISMATCH] == 1
+    assert status[abi.PERMUTE_MISMATCH_COUNT] == counts[1]
+    assert status[abi.PERMUTE_ROWS_NEEDED] == -1
     status = check_permute(hidden, None, routemap, probs, E, None, 3, override_buffer_size=5)
-    assert status[_abi.PERMUTE_ROWS_NEEDED] == 6 + 3 * 3 and status[_abi.PERMUTE_MISMATCH] == -1
+    assert status[abi.PERMUTE_ROWS_NEEDED] == 6 + 3 * 3 and status[abi.PERMUTE_MISMATCH] == -1
 
 
 def test_permute_extreme_ids():
     routemap = np.array([[-1, 2**40], [-(2**40), 0]], np.int64)
     probs = np.ones((2, 2), np.float32)
     status = check_permute(np.ones((2, 1), np.float32), None, routemap, probs, 2, [1, 0], 1)
-    assert status[_abi.PERMUTE_BAD_ID_VALUE] == 2**40
+    assert status[abi.PERMUTE_BAD_ID_VALUE] == 2**40
     routemap32 = np.array([[np.iinfo(np.int32).min, np.iinfo(np.int32).max]], np.int32)
     check_permute(np.ones((1, 1), np.float32), None, routemap32, probs[:1], 2, [0, 0], 1)
 
@@ -350,7 +349,7 @@ def test_permute_large_alignment_and_capacity():
     capacity = np.array([2**62, 1], np.int64)
     out = np.empty((5, 12), np.uint8)
     rowmap = np.empty((2, 2), np.int32)
-    status = np.empty(_abi.PERMUTE_STATUS_LEN, np.int64)
+    status = np.empty(abi.PERMUTE_STATUS_LEN, np.int64)
     row_probs = np.empty(5, np.float32)
     for cap, alignment in [(capacity, 3), (None, 2**62), (capacity, 2**62 + 1)]:
         moe_cpu.permute(
@@ -372,7 +371,7 @@ def test_permute_large_alignment_and_capacity():
         assert rowmap[0, 0] == 0 and rowmap[1, 0] == 1
         assert (rowmap[:, 1] == -1).all() and (out[2:] == 0).all()
         if cap is None:  # the sum of padded rows saturates
-            assert status[_abi.PERMUTE_ROWS_NEEDED] == np.iinfo(np.int64).max
+            assert status[abi.PERMUTE_ROWS_NEEDED] == np.iinfo(np.int64).max
 
 
 def permute_arguments(T=3, K=2, E=4, R=6, hb=8, sb=4):
@@ -389,7 +388,7 @@ def permute_arguments(T=3, K=2, E=4, R=6, hb=8, sb=4):
         out_probs=np.empty(R, np.float32),
         out_indices=np.empty(R, np.int32),
         out_offsets=np.empty(E, np.int32),
-        status=np.empty(_abi.PERMUTE_STATUS_LEN, np.int64),
+        status=np.empty(abi.PERMUTE_STATUS_LEN, np.int64),
     )
 
 
@@ -455,7 +454,7 @@ def test_the_glue_allocates_every_output_and_status_word_with_empty():
         ((4,), np.dtype(np.float32)),
         ((4, 1), np.dtype(np.float32)),
         ((4,), np.dtype(np.int32)),
-        ((_abi.PERMUTE_STATUS_LEN,), np.dtype(np.int64)),
+        ((abi.PERMUTE_STATUS_LEN,), np.dtype(np.int64)),
     ]
     assert (status == -1).all() and outputs.result()[1].tolist() == [[0, -1], [1, -1], [2, -1]]
 

@@ -14,14 +14,13 @@ from hypothesis import strategies as st
 import moe_cpu
 from _cases import bits, garbage, plan_of
 from moe_cpu import _unpermute
-from moe_numba import _abi, _cpu, _oracle
-from moe_numba._contract import UnpermuteArrays
-from moe_numba._ops import UNPERMUTE
+from moe_numba import _cpu, abi, oracle
+from moe_numba.ops import UNPERMUTE, UnpermuteArrays
 
 DATA_TYPES = {
-    np.dtype(np.float32): (_abi.DATA_FLOAT32, np.float32),
-    np.dtype(ml_dtypes.bfloat16): (_abi.DATA_BFLOAT16, np.uint16),
-    np.dtype(np.float16): (_abi.DATA_FLOAT16, np.uint16),
+    np.dtype(np.float32): (abi.DATA_FLOAT32, np.float32),
+    np.dtype(ml_dtypes.bfloat16): (abi.DATA_BFLOAT16, np.uint16),
+    np.dtype(np.float16): (abi.DATA_FLOAT16, np.uint16),
 }
 HYPOTHESIS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -52,7 +51,7 @@ def cpu_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision):
 def check_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision):
     T, E = rowmap.shape
     with np.errstate(all="ignore"):  # the oracle's float64 work on NaN/inf inputs
-        expected, expected_status = _oracle.unpermute(
+        expected, expected_status = oracle.unpermute(
             rows, rowmap, routemap, probs, T, E, mix_precision, weighted
         )
     got, status = cpu_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision)
@@ -244,7 +243,7 @@ def unpermute_arguments(rows_dtype=np.float32, T=3, E=2, K=2, R=4, H=5):
         probs=np.zeros(R, np.float32),
         out_hidden=np.empty((T, H), rows_dtype),
         out_probs=np.empty((T, K), np.float32),
-        status=np.empty(_abi.UNPERMUTE_STATUS_LEN, np.int64),
+        status=np.empty(abi.UNPERMUTE_STATUS_LEN, np.int64),
     )
 
 
@@ -252,13 +251,13 @@ def test_unpermute_data_type_mismatch():
     flags = dict(weighted=False, mix_precision=True)
     args = unpermute_arguments(np.float32)
     with pytest.raises(ValueError, match="float32 rows need data_type DATA_FLOAT32; got 1"):
-        moe_cpu.unpermute(**args, data_type=_abi.DATA_BFLOAT16, **flags)
+        moe_cpu.unpermute(**args, data_type=abi.DATA_BFLOAT16, **flags)
     args = unpermute_arguments(np.uint16)
     with pytest.raises(
         ValueError, match="uint16 rows need data_type DATA_BFLOAT16 or DATA_FLOAT16; got 0"
     ):
-        moe_cpu.unpermute(**args, data_type=_abi.DATA_FLOAT32, **flags)
-    moe_cpu.unpermute(**args, data_type=_abi.DATA_FLOAT16, **flags)
+        moe_cpu.unpermute(**args, data_type=abi.DATA_FLOAT32, **flags)
+    moe_cpu.unpermute(**args, data_type=abi.DATA_FLOAT16, **flags)
 
 
 @pytest.mark.parametrize(
@@ -275,7 +274,7 @@ def test_unpermute_shapes_must_agree(name, shape, message):
     args = unpermute_arguments()
     args[name] = np.zeros(shape, args[name].dtype)
     with pytest.raises(ValueError, match=message):
-        moe_cpu.unpermute(**args, data_type=_abi.DATA_FLOAT32, weighted=True, mix_precision=True)
+        moe_cpu.unpermute(**args, data_type=abi.DATA_FLOAT32, weighted=True, mix_precision=True)
 
 
 # ------------------------------------------------------------------------------ conversions
@@ -284,7 +283,7 @@ def test_unpermute_shapes_must_agree(name, shape, message):
 def canonical(values, dtype):
     """Oracle narrowing: round to nearest even, NaN canonical."""
     with np.errstate(invalid="ignore"):
-        return bits(_oracle.round_to(dtype, values)).view(np.uint16)
+        return bits(oracle.round_to(dtype, values)).view(np.uint16)
 
 
 def widen(h, data_type):

@@ -10,7 +10,7 @@ from numba import config, cuda
 
 pytestmark = pytest.mark.sim  # calls the kernels with host arrays (conftest skips it elsewhere)
 
-from moe_numba import _oracle  # noqa: E402
+from moe_numba import oracle  # noqa: E402
 
 if config.ENABLE_CUDASIM:
     from moe_numba.kernels import _convert, _intrinsics  # noqa: E402
@@ -65,8 +65,8 @@ def test_rounding_conversions():
     back = np.zeros(x.size, np.float32)
     cuda.jit(_conversion_kernel)[2, 32](x, bf16, f16, back)
     with np.errstate(invalid="ignore"):  # (NaN inputs)
-        expected_bf16 = _oracle.round_to(ml_dtypes.bfloat16, x).view(np.uint16)
-        expected_f16 = _oracle.round_to(np.float16, x).view(np.uint16)
+        expected_bf16 = oracle.round_to(ml_dtypes.bfloat16, x).view(np.uint16)
+        expected_f16 = oracle.round_to(np.float16, x).view(np.uint16)
     np.testing.assert_array_equal(bf16, expected_bf16)
     np.testing.assert_array_equal(f16, expected_f16)
     np.testing.assert_array_equal(

@@ -18,10 +18,9 @@ pytestmark = pytest.mark.sim  # calls the kernels with host arrays (conftest ski
 
 
 from _cases import plan_of  # noqa: E402
-from moe_numba import _abi, _oracle  # noqa: E402
-from moe_numba._contract import PermuteArrays, UnpermuteArrays  # noqa: E402
-from moe_numba._ops import PERMUTE, UNPERMUTE  # noqa: E402
+from moe_numba import abi, oracle  # noqa: E402
 from moe_numba.kernels import use_settings  # noqa: E402
+from moe_numba.ops import PERMUTE, UNPERMUTE, PermuteArrays, UnpermuteArrays  # noqa: E402
 from moe_numba.runtime import get_runtime  # noqa: E402
 
 if config.ENABLE_CUDASIM:
@@ -47,7 +46,7 @@ def small_geometry(monkeypatch):
     from numba.cuda.simulator import kernelapi
 
     def exact_fma(self, a, b, c):
-        return np.float32(_oracle.fma_float32(a, b, c))
+        return np.float32(oracle.fma_float32(a, b, c))
 
     monkeypatch.setattr(kernelapi.FakeCUDAModule, "fma", exact_fma)
     with use_settings(**SMALL):
@@ -124,7 +123,7 @@ def run_permute(
     staged its capacities)."""
     backend = _gpu.gpu_backend() if backend is None else backend
     T, K = rm.shape
-    (expected, status_expected) = _oracle.permute(
+    (expected, status_expected) = oracle.permute(
         hidden, scale, rm, probs, E, tpe, A, do_gather, indices, override, indices
     )
     plan = plan_of(
@@ -237,9 +236,9 @@ def test_permute_malformed_routing_and_capacities():
     tpe[4] = max(0, tpe[4] - 3)  # less: the last tokens are dropped
     tpe[5] = 0
     status = run_permute(hidden, None, rm, probs, E, tpe, A)
-    assert status[_abi.PERMUTE_BAD_ID] == 3 * K + 3
-    assert status[_abi.PERMUTE_DUPLICATE] == 9 * K + 1
-    assert status[_abi.PERMUTE_MISMATCH] == 1
+    assert status[abi.PERMUTE_BAD_ID] == 3 * K + 3
+    assert status[abi.PERMUTE_DUPLICATE] == 9 * K + 1
+    assert status[abi.PERMUTE_MISMATCH] == 1
 
 
 def test_permute_capacities_met_first_are_staged_then_copied():
@@ -277,7 +276,7 @@ def test_permute_override(rows):
     hidden = rng.standard_normal((T, H)).astype(np.float32)  # 8-byte rows
     status = run_permute(hidden, None, rm, probs, E, None, A, override=rows)
     needed = int((-(-counts_of(rm, E) // A) * A).sum())
-    assert status[_abi.PERMUTE_ROWS_NEEDED] == (needed if needed > rows else -1)
+    assert status[abi.PERMUTE_ROWS_NEEDED] == (needed if needed > rows else -1)
 
 
 def test_permute_no_gather_no_indices():
@@ -320,10 +319,10 @@ def test_permute_one_block_and_chunked(T):
     hidden = rng.standard_normal((T, H)).astype(np.float32)
     counts = counts_of(rm, E)
     status = run_permute(hidden, None, rm, probs, E, counts + [0, 1, 0, 3], A)
-    assert status[_abi.PERMUTE_BAD_ID] == 5 * K and status[_abi.PERMUTE_DUPLICATE] == 7 * K + 2
-    assert status[_abi.PERMUTE_MISMATCH] == 1
+    assert status[abi.PERMUTE_BAD_ID] == 5 * K and status[abi.PERMUTE_DUPLICATE] == 7 * K + 2
+    assert status[abi.PERMUTE_MISMATCH] == 1
     status = run_permute(hidden, None, rm, probs, E, None, A, override=5)
-    assert status[_abi.PERMUTE_ROWS_NEEDED] > 5
+    assert status[abi.PERMUTE_ROWS_NEEDED] > 5
 
 
 @use_settings(one_block_slots=64)
@@ -409,7 +408,7 @@ def run_unpermute(rows, rowmap, rm, probs, E, weighted, mix):
     status word is identical. Returns the status words."""
     T, K = rm.shape
     R, H = rows.shape
-    (expected, expected_probs), status_expected = _oracle.unpermute(
+    (expected, expected_probs), status_expected = oracle.unpermute(
         rows, rowmap, rm, probs, T, E, mix, weighted
     )
     plan = plan_of(
@@ -562,8 +561,8 @@ def test_unpermute_malformed_and_list_overflow():
     rm[5, 0] = -2
     probs = rng.random(R, dtype=np.float32)
     status = run_unpermute(rows, rowmap, rm, probs, E, True, True)
-    assert status[_abi.UNPERMUTE_BAD_ROW] == 1 * E + 6
-    assert status[_abi.UNPERMUTE_BAD_ID] == 4 * K + 2
+    assert status[abi.UNPERMUTE_BAD_ROW] == 1 * E + 6
+    assert status[abi.UNPERMUTE_BAD_ID] == 4 * K + 2
     run_unpermute(rows, rowmap, rm, probs, E, False, False)
 
 

@@ -30,13 +30,13 @@ _CPU_CALLS = textwrap.dedent(
             sys.modules[name] = None
 
     import numpy as np
-    from moe_numba import _oracle, moe_permute, moe_unpermute
+    from moe_numba import oracle, moe_permute, moe_unpermute
     from moe_numba._demo import docs_example_inputs
 
     hidden, routemap, probs = docs_example_inputs()
     args = (hidden, None, routemap, probs, 3, [1, 2, 1], 2)
     permuted = moe_permute(*args)
-    want, _ = _oracle.permute(*args)
+    want, _ = oracle.permute(*args)
     for got, expected in zip(permuted, want, strict=True):
         assert (got is None) == (expected is None)
         if got is not None:
@@ -44,7 +44,7 @@ _CPU_CALLS = textwrap.dedent(
             assert got.tobytes() == expected.tobytes()
     rows, rowmap, row_probs, _ = permuted
     combined = moe_unpermute(rows, rowmap, routemap, row_probs, 3, 3, using_weighted_combine=True)
-    want, _ = _oracle.unpermute(rows, rowmap, routemap, row_probs, 3, 3,
+    want, _ = oracle.unpermute(rows, rowmap, routemap, row_probs, 3, 3,
                                 using_weighted_combine=True)
     for got, expected in zip(combined, want, strict=True):
         assert got.dtype == expected.dtype and got.tobytes() == expected.tobytes()

@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 from benchmarks import hold as _hold
-from moe_numba import _abi, kernels
+from moe_numba import abi, kernels
 from moe_numba.kernels._family import KernelFamily, NoKey, RoutingKey, variant_name
 from moe_numba.kernels.combine import CombineKey
 from moe_numba.kernels.gather import GatherKey
@@ -42,8 +42,8 @@ def test_every_launch_variant_is_listed():
         # float32: words 16, 8, 4 bytes; bfloat16 and float16 also 2 bytes; times 4 flags
         assert len(combines) == 4 * (3 + 4 + 4) == len(set(combines))
     assert GatherKey(16, 4, 28, 64) in by_family["gather"]
-    assert CombineKey(2, _abi.DATA_FLOAT16, True, False, 32) in by_family["combine"]
-    assert CombineKey(2, _abi.DATA_FLOAT32, True, False, 32) not in by_family["combine"]
+    assert CombineKey(2, abi.DATA_FLOAT16, True, False, 32) in by_family["combine"]
+    assert CombineKey(2, abi.DATA_FLOAT32, True, False, 32) not in by_family["combine"]
     assert by_family["sort_plan"] == [SizesKey(32), SizesKey(64)]
     assert by_family["sort_copy"] == [CopyKey(w) for w in (16, 8, 4, 2, 1)]
 
@@ -54,8 +54,8 @@ def test_variant_names_come_from_the_key():
     assert variant_name("gather", GatherKey(16, 4, 28, 32)) == "gather_h16_s4_b28_i32"
     assert variant_name("sort_plan", SizesKey(32)) == "sort_plan_i32"
     assert variant_name("sort_copy", CopyKey(16)) == "sort_copy_w16"
-    key = CombineKey(16, _abi.DATA_BFLOAT16, True, False, 64)
-    assert variant_name("combine", key) == f"combine_w16_d{_abi.DATA_BFLOAT16}_wt1_mix0_i64"
+    key = CombineKey(16, abi.DATA_BFLOAT16, True, False, 64)
+    assert variant_name("combine", key) == f"combine_w16_d{abi.DATA_BFLOAT16}_wt1_mix0_i64"
 
 
 def _toy_family(params):

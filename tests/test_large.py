@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from _cases import assert_same_bits, counts_of
-from moe_numba import _oracle, moe_permute, moe_unpermute
+from moe_numba import moe_permute, moe_unpermute, oracle
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -25,7 +25,7 @@ def test_buffer_past_two_to_the_31_elements(backend):
         d(x), None, d(routemap), d(probs), experts, counts, 128
     )
     assert rows.shape[0] * hidden > 2**31
-    (want_rows, want_rowmap, want_probs, _), _ = _oracle.permute(
+    (want_rows, want_rowmap, want_probs, _), _ = oracle.permute(
         x, None, routemap, probs, experts, counts, 128
     )
     host_rows = backend.to_host(rows)
@@ -38,7 +38,7 @@ def test_buffer_past_two_to_the_31_elements(backend):
         rows, rowmap, d(routemap), row_probs, tokens, experts, using_weighted_combine=True
     )
     last = slice(tokens - 64, tokens)
-    (want, _), _ = _oracle.unpermute(
+    (want, _), _ = oracle.unpermute(
         host_rows,
         want_rowmap[last],
         routemap[last],

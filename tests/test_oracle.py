@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from moe_numba import _abi, _oracle
+from moe_numba import abi, oracle
 
 
 def exact_fma_float32(x, y, z):
@@ -36,7 +36,7 @@ def test_fma_is_correctly_rounded():
             ).astype(np.float32),  # near-cancellation, where one rounding matters
         ]
     )
-    got = _oracle.fma_float32(x, y, z)
+    got = oracle.fma_float32(x, y, z)
     want = np.array(
         [exact_fma_float32(a, b, c) for a, b, c in zip(x, y, z, strict=True)], np.float32
     )
@@ -47,7 +47,7 @@ def test_fma_is_correctly_rounded():
 
 def test_fma_special_values():
     inf, nan = np.float32(np.inf), np.float32(np.nan)
-    got = _oracle.fma_float32([inf, 1, 0, -0.0, 1], [1, nan, 5, 1, -1], [-inf, 0, -0.0, -0.0, 1])
+    got = oracle.fma_float32([inf, 1, 0, -0.0, 1], [1, nan, 5, 1, -1], [-inf, 0, -0.0, -0.0, 1])
     assert np.isnan(got[0]) and np.isnan(got[1])
     assert got[2] == 0 and not np.signbit(got[2])
     assert got[3] == 0 and np.signbit(got[3])
@@ -57,15 +57,15 @@ def test_fma_special_values():
 @pytest.mark.parametrize(
     "dtype, bits",
     [
-        (np.float32, _abi.CANONICAL_NAN_FLOAT32),
-        (ml_dtypes.bfloat16, _abi.CANONICAL_NAN_BFLOAT16),
-        (np.float16, _abi.CANONICAL_NAN_FLOAT16),
+        (np.float32, abi.CANONICAL_NAN_FLOAT32),
+        (ml_dtypes.bfloat16, abi.CANONICAL_NAN_BFLOAT16),
+        (np.float16, abi.CANONICAL_NAN_FLOAT16),
     ],
 )
 def test_round_to_makes_nan_canonical(dtype, bits):
     values = np.array([-np.nan, 1.5, np.inf, 70000.0], np.float32)
     values[0] = np.frombuffer(np.uint32(0xFFC12345).tobytes(), np.float32)[0]
-    rounded = _oracle.round_to(dtype, values)
+    rounded = oracle.round_to(dtype, values)
     assert rounded.dtype == np.dtype(dtype)
     assert int(rounded.view(np.uint32 if dtype is np.float32 else np.uint16)[0]) == bits
     assert rounded[1] == 1.5 and rounded[2] == np.inf

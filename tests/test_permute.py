@@ -16,7 +16,7 @@ from _cases import (
     random_probs,
     random_routing,
 )
-from moe_numba import _oracle, moe_permute
+from moe_numba import moe_permute, oracle
 from moe_numba._demo import docs_example_inputs
 
 OUTPUT_NAMES = (
@@ -50,7 +50,7 @@ def check_against_oracle(
 ):
     """Outputs of ``backend`` equal the oracle's in every bit; returns them."""
     oracle_flags = {k: v for k, v in flags.items() if k not in ("validate", "using_ue8m0_scale")}
-    expected, status = _oracle.permute(
+    expected, status = oracle.permute(
         hidden,
         scale,
         routemap,
@@ -163,7 +163,7 @@ def build_permute_case(case):
     if case["mode"] in ("capacity", "malformed"):
         tokens_per_expert = np.maximum(0, counts + rng.integers(-3, 4, e)).tolist()
     elif case["mode"] == "override":
-        needed = int(_oracle.padded_rows(counts, case["alignment"]).sum())
+        needed = int(oracle.padded_rows(counts, case["alignment"]).sum())
         flags["override_buffer_size"] = int(rng.integers(0, needed + 2 * case["alignment"] + 1))
         flags["validate"] = flags["override_buffer_size"] >= needed
     probs = random_probs(rng, (t, k))
@@ -213,7 +213,7 @@ def test_override_pads_extra_rows_and_drops_overflow(backend):
         None,
         2,
     )
-    padded = _oracle.padded_rows(counts_of(routemap, e), 2)
+    padded = oracle.padded_rows(counts_of(routemap, e), 2)
     needed = int(padded.sum())
     for rows in (needed + 5, needed, needed // 2, 0):
         *_, ends = check_against_oracle(

@@ -32,7 +32,7 @@ from numba import cuda  # noqa: E402
 from numba.cuda import types as nb  # noqa: E402
 
 from benchmarks import hold as _hold  # noqa: E402
-from moe_numba import _abi, kernels  # noqa: E402
+from moe_numba import abi, kernels  # noqa: E402
 from moe_numba._errors import MISSING_TOOLKIT_ERRORS  # noqa: E402
 from moe_numba.kernels import _intrinsics as ix  # noqa: E402
 from moe_numba.kernels._family import INT, ptr  # noqa: E402
@@ -50,8 +50,8 @@ def _one_of_each_kind():
     sort copy of 4-byte words."""
     chosen = [(family, family.variants()[0]) for family in FAMILIES]
     by_name = {family.name: family for family in FAMILIES}
-    chosen.append((by_name["combine"], CombineKey(16, _abi.DATA_BFLOAT16, True, True, 64)))
-    chosen.append((by_name["scatter"], ScatterKey(16, _abi.DATA_BFLOAT16, True, True, 8, 64)))
+    chosen.append((by_name["combine"], CombineKey(16, abi.DATA_BFLOAT16, True, True, 64)))
+    chosen.append((by_name["scatter"], ScatterKey(16, abi.DATA_BFLOAT16, True, True, 8, 64)))
     chosen.append((by_name["sort_copy"], CopyKey(4)))  # (no 16-byte accesses in narrower copies)
     return chosen
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import moe_cpu
-from moe_numba import _oracle, moe_permute, moe_unpermute
+from moe_numba import moe_permute, moe_unpermute, oracle
 
 CHILD_TIMEOUT_S = 120
 
@@ -71,12 +71,12 @@ def _check_against_oracle(num_experts=4):
     """Permute and unpermute a small case; compare every output with the oracle, bit for bit."""
     hidden_states, routemap, probs, counts = small_case(num_experts=num_experts)
     got = moe_permute(hidden_states, None, routemap, probs, num_experts, counts, 4)
-    want, _ = _oracle.permute(hidden_states, None, routemap, probs, num_experts, counts, 4)
+    want, _ = oracle.permute(hidden_states, None, routemap, probs, num_experts, counts, 4)
     for g, w in zip(got[:3], want[:3], strict=True):
         np.testing.assert_array_equal(g, w)
     rows, rowmap, row_probs = got[:3]
     got = moe_unpermute(rows, rowmap, routemap, row_probs, len(routemap), num_experts)
-    want, _ = _oracle.unpermute(rows, rowmap, routemap, row_probs, len(routemap), num_experts)
+    want, _ = oracle.unpermute(rows, rowmap, routemap, row_probs, len(routemap), num_experts)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 import moe_cpu
 from _backends import examples
 from _cases import FLOAT8, HIDDEN_DTYPES, assert_same_bits, random_bits
-from moe_numba import _abi, _core, _oracle, moe_sort_chunks
-from moe_numba._contract_sort import SortArrays, SortScalars, inverse_order
-from moe_numba._ops import SORT_CHUNKS
+from moe_numba import _core, abi, moe_sort_chunks, oracle
+from moe_numba._contract_sort import inverse_order
 from moe_numba.kernels import use_settings
+from moe_numba.ops import SORT_CHUNKS, SortArrays, SortScalars
 
 DTYPES = [*HIDDEN_DTYPES, np.int8, np.int32, np.int64, np.uint16, np.float64, np.bool_]
 
@@ -38,7 +38,7 @@ def sort_on(backend, x, split_sizes, order, probs=None, *, device_sizes=False, *
 
 
 def check_against_oracle(backend, x, split_sizes, order, probs=None, **flags):
-    (expected, expected_probs), status = _oracle.sort_chunks(x, split_sizes, order, probs)
+    (expected, expected_probs), status = oracle.sort_chunks(x, split_sizes, order, probs)
     if flags.get("validate", True):
         assert (status == -1).all(), f"case meant to be valid has status {status}"
     y, probs_y = sort_on(backend, x, split_sizes, order, probs, **flags)
@@ -134,7 +134,7 @@ def test_thread_counts_give_the_same_bits():
         finally:
             moe_cpu.set_num_threads(None)
     assert_same_bits(results[0], results[1], "1 vs 2 threads")
-    assert_same_bits(results[0], _oracle.sort_chunks(x, sizes, order)[0][0], "oracle")
+    assert_same_bits(results[0], oracle.sort_chunks(x, sizes, order)[0][0], "oracle")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,7 +177,7 @@ def test_device_sizes_match_host_sizes(backend, sizes_dtype):
             dev(probs),
             validate=validate,
         )
-        expected = _oracle.sort_chunks(x, [3, 0, 4, 2], [2, 3, 0, 1], probs)[0]
+        expected = oracle.sort_chunks(x, [3, 0, 4, 2], [2, 3, 0, 1], probs)[0]
         assert_same_bits(backend.to_host(y), expected[0], "y")
         assert_same_bits(backend.to_host(probs_y), expected[1], "probs_y")
 
@@ -188,7 +188,7 @@ def test_bad_device_sizes_follow_the_rule_without_validate(backend, sizes, order
     rng = np.random.default_rng(4)
     x = random_bits(rng, (11, 2), np.float32)
     probs = random_bits(rng, (11,), np.float32)
-    (expected, expected_probs), status = _oracle.sort_chunks(x, sizes, order, probs)
+    (expected, expected_probs), status = oracle.sort_chunks(x, sizes, order, probs)
     assert (status != -1).any()
     dev = backend.to_device
     out = sort_chunks_arrays(
@@ -212,7 +212,7 @@ def test_chunks_beyond_one_block_of_the_plan(backend, bad):
     x = random_bits(rng, (sum(sizes) + 3, 2), np.float32)
     if bad:
         sizes[40], sizes[65] = -2, 10**6  # both in the second tile and later
-    (expected, _), status = _oracle.sort_chunks(x, sizes, order)
+    (expected, _), status = oracle.sort_chunks(x, sizes, order)
     dev = backend.to_device
     if not bad:
         assert_same_bits(sort_on(backend, x, sizes, order)[0], expected, "y (host sizes)")
@@ -222,7 +222,7 @@ def test_chunks_beyond_one_block_of_the_plan(backend, bad):
     if bad:
         with pytest.raises(ValueError, match=r"split_sizes\[40\] = -2"):
             sort_on(backend, x, sizes, order, device_sizes=True)
-        assert status[_abi.SORT_PAST_END] == 65
+        assert status[abi.SORT_PAST_END] == 65
 
 
 def test_status_is_read_only_for_device_sizes_with_validate(backend):
@@ -270,11 +270,11 @@ def test_cpu_kernel_follows_the_rule(sizes, order):
     rng = np.random.default_rng(5)
     x = random_bits(rng, (11, 3), np.uint8)
     probs = random_bits(rng, (11,), np.float32)
-    (expected, expected_probs), expected_status = _oracle.sort_chunks(x, sizes, order, probs)
+    (expected, expected_probs), expected_status = oracle.sort_chunks(x, sizes, order, probs)
     y = np.empty_like(x)
     probs_y = np.empty_like(probs)
     lengths = np.empty(len(sizes), np.int64)
-    status = np.empty(_abi.SORT_STATUS_LEN, np.int64)
+    status = np.empty(abi.SORT_STATUS_LEN, np.int64)
     moe_cpu.sort_chunks(
         x,
         np.array(sizes, np.int64),
@@ -300,7 +300,7 @@ def _kernel_arguments():
         y=np.zeros((6, 3), np.uint8),
         probs_y=np.zeros(6, np.float32),
         lengths=np.zeros(3, np.int64),
-        status=np.zeros(_abi.SORT_STATUS_LEN, np.int64),
+        status=np.zeros(abi.SORT_STATUS_LEN, np.int64),
     )
 
 

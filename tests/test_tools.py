@@ -94,7 +94,7 @@ def test_clear_forgets_every_replay_and_the_cores_calls():
     torch = pytest.importorskip("torch")
     import moe_numba
     from moe_numba import _core, moe_unpermute
-    from moe_numba._ops import OPS
+    from moe_numba.ops import OPS
     from moe_numba.torch import _replay
 
     arrays = (torch.zeros((2, 3)), torch.tensor([[0], [1]], dtype=torch.int32))

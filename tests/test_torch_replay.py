@@ -15,13 +15,13 @@ import pytest
 import moe_numba
 from _torch_cases import CUDA, assert_same_bits, routing, to_numpy, to_torch, torch  # noqa: F401
 from moe_numba import (
-    _oracle,
     moe_permute,
     moe_permute_backward,
     moe_unpermute,
     moe_unpermute_backward,
+    oracle,
 )
-from moe_numba._ops import PERMUTE  # noqa: E402
+from moe_numba.ops import PERMUTE  # noqa: E402
 
 pytestmark = CUDA.marks
 
@@ -85,7 +85,7 @@ def _permute(t, case, validate=False, **kwargs):
 
 
 def _expected_permute(case, **kwargs):
-    outputs, _ = _oracle.permute(
+    outputs, _ = oracle.permute(
         case["hidden_states"],
         None,
         case["expert_routemap_topk"],
@@ -209,11 +209,11 @@ def test_a_replayed_unpermute_and_the_gradients_equal_the_oracle(replays):
             lambda: moe_unpermute(
                 rows, rowmap, routes, row_probs, T, E, using_weighted_combine=True, validate=False
             ),
-            _oracle.unpermute(n_rows, n_map, n_routes, n_probs, T, E, True, True)[0],
+            oracle.unpermute(n_rows, n_map, n_routes, n_probs, T, E, True, True)[0],
         ),
         "permute_backward": (
             lambda: moe_permute_backward(rows, row_probs, rowmap, routes, validate=False),
-            _oracle.permute_backward(n_rows, n_probs, n_map, n_routes)[0],
+            oracle.permute_backward(n_rows, n_probs, n_map, n_routes)[0],
         ),
         "unpermute_backward": (
             lambda: moe_unpermute_backward(
@@ -227,7 +227,7 @@ def test_a_replayed_unpermute_and_the_gradients_equal_the_oracle(replays):
                 num_rows=rows.shape[0],
                 validate=False,
             ),
-            _oracle.unpermute_backward(dy, dp, n_rows, n_map, n_routes, n_probs, True, len(n_rows))[
+            oracle.unpermute_backward(dy, dp, n_rows, n_map, n_routes, n_probs, True, len(n_rows))[
                 0
             ],
         ),

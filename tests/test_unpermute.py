@@ -18,7 +18,7 @@ from _cases import (
     random_routing,
     random_values,
 )
-from moe_numba import _oracle, moe_permute, moe_unpermute
+from moe_numba import moe_permute, moe_unpermute, oracle
 
 
 def unpermute_on(backend, rows, rowmap, routemap, probs, num_tokens, num_experts, **flags):
@@ -31,7 +31,7 @@ def unpermute_on(backend, rows, rowmap, routemap, probs, num_tokens, num_experts
 
 def check_against_oracle(backend, rows, rowmap, routemap, probs, num_tokens, num_experts, **flags):
     oracle_flags = {k: v for k, v in flags.items() if k != "validate"}
-    (expected, expected_probs), status = _oracle.unpermute(
+    (expected, expected_probs), status = oracle.unpermute(
         rows, rowmap, routemap, probs, num_tokens, num_experts, **oracle_flags
     )
     if flags.get("validate", True):
@@ -43,7 +43,7 @@ def check_against_oracle(backend, rows, rowmap, routemap, probs, num_tokens, num
     if backend.exact_fma or not flags.get("using_weighted_combine", False):
         assert_same_bits(combined, expected, "hidden_states")
     else:
-        magnitude = _oracle.unpermute(
+        magnitude = oracle.unpermute(
             np.abs(rows.astype(np.float32)),
             rowmap,
             routemap,
@@ -61,7 +61,7 @@ def routed_rows(rng, num_tokens, topk, num_experts, alignment, dtype, hidden):
     routemap = random_routing(rng, num_tokens, topk, num_experts)
     x = random_values(rng, (num_tokens, hidden), dtype)
     probs = random_probs(rng, (num_tokens, topk))
-    (rows, rowmap, row_probs, _), _ = _oracle.permute(
+    (rows, rowmap, row_probs, _), _ = oracle.permute(
         x, None, routemap, probs, num_experts, counts_of(routemap, num_experts), alignment
     )
     rows = random_values(rng, rows.shape, dtype)  # expert outputs differ from their inputs

@@ -124,9 +124,9 @@ def pieces(A, x, routes, probs, counts):
     from moe_numba._capacities import with_capacities
     from moe_numba._contract import PermuteArrays, PermuteScalars
     from moe_numba._dispatch import call_key
-    from moe_numba._ops import PERMUTE
     from moe_numba._outputs import permute_outputs
     from moe_numba.kernels._family import NoKey
+    from moe_numba.ops import PERMUTE
     from moe_numba.runtime import _launch
 
     arrays = PermuteArrays(x, None, routes, probs)

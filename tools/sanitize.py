@@ -21,7 +21,7 @@ import torch
 from _cli import parser
 
 import moe_numba
-from moe_numba import _oracle
+from moe_numba import oracle
 from moe_numba._transfer import to_device, to_host
 
 
@@ -49,7 +49,7 @@ def permute_case(rng, T, H, K, E, A, dtype, *, override=-1, bad=False, indices=T
         counts = [sum(e in set(r.tolist()) for r in routes) for e in range(E)]
     args = (x, scale, routes, probs, E, counts, A)
     kwargs = dict(return_expert_indices=indices, override_buffer_size=override)
-    want, _ = _oracle.permute(*args, **kwargs)
+    want, _ = oracle.permute(*args, **kwargs)
     dev = [None if a is None else to_device(a, "torch") for a in args[:4]]
     got = moe_numba.moe_permute(*dev, *args[4:], **kwargs, validate=False)
     for w, g in zip(want, got, strict=True):
@@ -77,7 +77,7 @@ def unpermute_case(rng, T, H, K, E, R, dtype, weighted, mix, *, bad=False):
     rowmap = _rowmap(rng, routes, E, R, bad)
     probs = rng.random(R).astype(np.float32)
     args = (rows, rowmap, routes, probs, T, E, mix, weighted)
-    want, _ = _oracle.unpermute(*args)
+    want, _ = oracle.unpermute(*args)
     dev = [to_device(a, "torch") for a in args[:4]]
     got = moe_numba.moe_unpermute(*dev, *args[4:], validate=False)
     for w, g in zip(want, got, strict=True):
@@ -99,7 +99,7 @@ def permute_backward_case(rng, T, H, K, E, R, dtype, *, bad=False, rows=True, pr
         _rowmap(rng, routes, E, R, bad),
         routes,
     ]
-    want, _ = _oracle.permute_backward(*args)
+    want, _ = oracle.permute_backward(*args)
     dev = [None if a is None else to_device(a, "torch") for a in args]
     _same(want, moe_numba.moe_permute_backward(*dev, validate=False))
 
@@ -117,7 +117,7 @@ def unpermute_backward_case(rng, T, H, K, E, R, dtype, weighted, *, bad=False, d
         routes,
         rng.random(R).astype(np.float32),
     ]
-    want, _ = _oracle.unpermute_backward(*args, weighted, R)
+    want, _ = oracle.unpermute_backward(*args, weighted, R)
     dev = [None if a is None else to_device(a, "torch") for a in args]
     got = moe_numba.moe_unpermute_backward(
         *dev, using_weighted_combine=weighted, num_rows=R, validate=False

@@ -3,7 +3,7 @@
 All narrowing conversions round to nearest even and are written with integer operations, so
 the simulator runs exactly the code a GPU runs (only the float32 <-> uint32 reinterpretation
 differs, see :mod:`._intrinsics`). NaN results are the canonical NaNs of
-:mod:`moe_numba._abi`. Widening is exact: bfloat16 by a shift, float16 by
+:mod:`moe_numba.abi`. Widening is exact: bfloat16 by a shift, float16 by
 :func:`._intrinsics.f16_to_f32`.
 
 Values travel as ``uint32`` holding the 16-bit pattern in the low half.
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _abi
+from .. import abi
 from ._intrinsics import bits_from_f32, device, f32_from_bits
 
-NAN_F32 = np.uint32(_abi.CANONICAL_NAN_FLOAT32)
-NAN_BF16 = np.uint32(_abi.CANONICAL_NAN_BFLOAT16)
-NAN_F16 = np.uint32(_abi.CANONICAL_NAN_FLOAT16)
+NAN_F32 = np.uint32(abi.CANONICAL_NAN_FLOAT32)
+NAN_BF16 = np.uint32(abi.CANONICAL_NAN_BFLOAT16)
+NAN_F16 = np.uint32(abi.CANONICAL_NAN_FLOAT16)
 
 
 @device

@@ -6,7 +6,7 @@
     check   grid-stride over the rowmap [T, E] and the routing map [T, K]: each block finds
             its smallest rowmap entry outside [-1, R) and routing slot outside [-1, E),
             folds them into the minima (atomic min) and takes a ticket; the block that takes
-            the last ticket writes the status words (_abi.UNPERMUTE_*)
+            the last ticket writes the status words (abi.UNPERMUTE_*)
 
 The host waits for check only (:mod:`._status`). The combine needs nothing of check's
 (invalid entries count as -1 there): it is launched as check's programmatic dependent and
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from numba import cuda, int32, int64
 
-from .. import _abi
+from .. import abi
 from ._family import INDEX_TYPES, INT, KernelFamily, NoKey, ptr, routing_variants
 from ._intrinsics import (
     TMP_WORDS,
@@ -67,7 +67,7 @@ def _check_params(key):
         ("rowmap", ptr(int32)),  # [T, E]
         ("routemap", ptr(INDEX_TYPES[key.index_bits])),  # [T, K]
         ("minima", ptr(int64)),  # init's scratch words
-        ("status", ptr(int64)),  # out: _abi.UNPERMUTE_*
+        ("status", ptr(int64)),  # out: abi.UNPERMUTE_*
         ("T", INT),
         ("R", INT),
         ("E", INT),
@@ -96,8 +96,8 @@ def check(rowmap, routemap, minima, status, T, R, E, K):
         cuda.threadfence()
         if atomic_add(minima, _TICKET, 1) == nb - 1:
             cuda.threadfence()
-            store_found(status, _abi.UNPERMUTE_BAD_ID, atomic_min(minima, _BAD_ID, BIG), routemap)
-            store_found(status, _abi.UNPERMUTE_BAD_ROW, atomic_min(minima, _BAD_ROW, BIG), rowmap)
+            store_found(status, abi.UNPERMUTE_BAD_ID, atomic_min(minima, _BAD_ID, BIG), routemap)
+            store_found(status, abi.UNPERMUTE_BAD_ROW, atomic_min(minima, _BAD_ROW, BIG), rowmap)
 
 
 INIT = KernelFamily("init", _init_params, lambda key: init, lambda: [NoKey()])

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32, int32, int64, uint32
 
-from .. import _abi
+from .. import abi
 from ._convert import bf16_to_f32, f32_canonical_bits, f32_to_bf16, f32_to_f16
 from ._copy import WORD_TYPE, word_ops
 from ._family import INDEX_TYPES, INT, KernelFamily, ptr
@@ -59,8 +59,8 @@ def _list_rows(settings):
     LMAX = settings.lmax
 
 
-ITEMSIZE = {_abi.DATA_FLOAT32: 4, _abi.DATA_BFLOAT16: 2, _abi.DATA_FLOAT16: 2}
-DATA_TYPES = (_abi.DATA_FLOAT32, _abi.DATA_BFLOAT16, _abi.DATA_FLOAT16)
+ITEMSIZE = {abi.DATA_FLOAT32: 4, abi.DATA_BFLOAT16: 2, abi.DATA_FLOAT16: 2}
+DATA_TYPES = (abi.DATA_FLOAT32, abi.DATA_BFLOAT16, abi.DATA_FLOAT16)
 
 _M32 = np.uint64(0xFFFFFFFF)
 
@@ -71,7 +71,7 @@ SLOT_PROBS, COUNTED_SLOTS, NO_SLOTS = 0, 1, 2
 
 
 class CombineKey(NamedTuple):
-    """A combine variant: word width (bytes), data type (``_abi.DATA_*``), weighted,
+    """A combine variant: word width (bytes), data type (``abi.DATA_*``), weighted,
     mix_precision, the routing map's id bits."""
 
     word: int
@@ -100,7 +100,7 @@ class CountedKey(NamedTuple):
 
 def widths(data_type):
     """The word widths a combine of ``data_type`` rows may use (falling)."""
-    return (16, 8, 4) if data_type == _abi.DATA_FLOAT32 else (16, 8, 4, 2)
+    return (16, 8, 4) if data_type == abi.DATA_FLOAT32 else (16, 8, 4, 2)
 
 
 def _combine_variants():
@@ -207,7 +207,7 @@ def word_lanes(width, data_type):
     PER_UNIT = 1 if esize == 4 else 2
     join = _JOIN[width]
     unit = _UNIT[width]
-    if data_type == _abi.DATA_FLOAT32:
+    if data_type == abi.DATA_FLOAT32:
 
         @device
         def lane(v, i):
@@ -221,7 +221,7 @@ def word_lanes(width, data_type):
         def round_trip(f):
             return f
 
-    elif data_type == _abi.DATA_BFLOAT16:
+    elif data_type == abi.DATA_BFLOAT16:
 
         @device
         def lane(v, i):

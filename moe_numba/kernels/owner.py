@@ -17,7 +17,7 @@ token's rows whose owner is its entry, and zeroes the rows that fail the test.
 
 With ``want_status`` (validate) claim also readies collide's scratch, and collide finds the
 smallest row named twice (a running minimum, atomic like check's) and its last block
-(ticket) writes the status words ``_abi.UNPERMUTE_BACKWARD_DUPLICATE_*``: that row and the
+(ticket) writes the status words ``abi.UNPERMUTE_BACKWARD_DUPLICATE_*``: that row and the
 first two flat entries naming it, which the block reads off the row map when there is one.
 Owner words are read from L2 (:func:`._intrinsics.load_cg`), where the other blocks' stores
 are.
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from numba import cuda, int32, int64
 
-from .. import _abi
+from .. import abi
 from ._family import INT, KernelFamily, NoKey, ptr
 from ._intrinsics import (
     TMP_WORDS,
@@ -53,7 +53,7 @@ def _params(key):
         ("rowmap", ptr(int32)),  # [T, E]
         ("owner", ptr(int64)),  # scratch [R]
         ("dups", ptr(int64)),  # scratch [2] (with want_status): smallest row named twice, ticket
-        ("status", ptr(int64)),  # out (collide, with want_status): _abi.UNPERMUTE_BACKWARD_*
+        ("status", ptr(int64)),  # out (collide, with want_status): abi.UNPERMUTE_BACKWARD_*
         ("TE", INT),  # T * E
         ("R", INT),
         ("want_status", INT),
@@ -131,9 +131,9 @@ def collide(rowmap, owner, dups, status, TE, R, want_status):
             if row != BIG:
                 first, second = _first_two(rowmap, TE, row, tmp)
             if cuda.threadIdx.x == 0:
-                status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW] = -1 if row == BIG else row
-                status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_FIRST] = first
-                status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_SECOND] = second
+                status[abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW] = -1 if row == BIG else row
+                status[abi.UNPERMUTE_BACKWARD_DUPLICATE_FIRST] = first
+                status[abi.UNPERMUTE_BACKWARD_DUPLICATE_SECOND] = second
 
 
 CLAIM = KernelFamily("claim", _params, lambda key: claim, lambda: [NoKey()])

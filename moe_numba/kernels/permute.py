@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _abi
+from .. import abi
 from ..runtime._buffer import DeviceBuffer, carve
 from ..runtime._launch import launcher_for, optional_arg
 from ..runtime._sequence import LaunchSequence, Step
@@ -277,7 +277,7 @@ def run(plan, buffers, alloc, stream):
         go = LAUNCH_PLANS.put(key, _plan_launches(*key))
 
     launch = launcher_for(stream)
-    status = StatusWords(launch, _abi.PERMUTE_STATUS_LEN) if validate else None
+    status = StatusWords(launch, abi.PERMUTE_STATUS_LEN) if validate else None
     staged = None if b.capacity_values is None else StagedWords(launch, b.capacity_values)
     hd, sd = _copy.WORD_DTYPE[hw], _copy.WORD_DTYPE[sw]
     values = (  # the call's values, in the order of _SLOTS

@@ -15,7 +15,7 @@ a ``moe_unpermute`` call (:func:`.unpermute.run`)::
 
 from __future__ import annotations
 
-from .. import _abi
+from .. import abi
 from . import unpermute
 from .combine import COMBINE_COUNTED, COUNTED_SLOTS, NO_SLOTS
 
@@ -37,10 +37,10 @@ def run(plan, buffers, validate, alloc, stream):
     Returns
     -------
     StatusWords or None
-        With ``validate``: the ``_abi.UNPERMUTE_*`` status words, else None.
+        With ``validate``: the ``abi.UNPERMUTE_*`` status words, else None.
     """
     combine_plan = plan.combine_plan
     if not plan.grad_hidden:  # no row words (nw = 0): any data type
-        combine_plan = combine_plan._replace(data_type=_abi.DATA_FLOAT32)
+        combine_plan = combine_plan._replace(data_type=abi.DATA_FLOAT32)
     slots = COUNTED_SLOTS if plan.grad_prob else NO_SLOTS
     return unpermute.run(combine_plan, buffers, validate, alloc, stream, slots=slots)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from numba import cuda, int32, int64
 
-from .. import _abi
+from .. import abi
 from ._family import INDEX_TYPES, INT, KernelFamily, ptr, routing_variants
 from ._intrinsics import (
     TMP_WORDS,
@@ -205,18 +205,18 @@ def scan_status(status, part, routemap, ctot, NC, R, override, carry, mismatch, 
     bad = block_min_i64(bad, tmp)
     rep = block_min_i64(rep, tmp)
     if tid == 0:
-        store_found(status, _abi.PERMUTE_BAD_ID, bad, routemap)
-        store_found(status, _abi.PERMUTE_DUPLICATE, rep, routemap)
+        store_found(status, abi.PERMUTE_BAD_ID, bad, routemap)
+        store_found(status, abi.PERMUTE_DUPLICATE, rep, routemap)
         if mismatch == BIG:
-            status[_abi.PERMUTE_MISMATCH] = -1
-            status[_abi.PERMUTE_MISMATCH_COUNT] = -1
+            status[abi.PERMUTE_MISMATCH] = -1
+            status[abi.PERMUTE_MISMATCH_COUNT] = -1
         else:
-            status[_abi.PERMUTE_MISMATCH] = mismatch
-            status[_abi.PERMUTE_MISMATCH_COUNT] = load_cg(ctot, mismatch)
+            status[abi.PERMUTE_MISMATCH] = mismatch
+            status[abi.PERMUTE_MISMATCH_COUNT] = load_cg(ctot, mismatch)
         if override != 0 and carry > R:
-            status[_abi.PERMUTE_ROWS_NEEDED] = carry
+            status[abi.PERMUTE_ROWS_NEEDED] = carry
         else:
-            status[_abi.PERMUTE_ROWS_NEEDED] = -1
+            status[abi.PERMUTE_ROWS_NEEDED] = -1
 
 
 def _scan_params(key):
@@ -231,7 +231,7 @@ def _scan_params(key):
         ("ctot", ptr(int64)),  # out [E]: tokens per expert
         ("part", ptr(int64)),  # [chunks, 2]: count's smallest bad, repeated slot
         ("routemap", ptr(INDEX_TYPES[key.index_bits])),  # (the status words' values)
-        ("status", ptr(int64)),  # out: _abi.PERMUTE_* (with want_status)
+        ("status", ptr(int64)),  # out: abi.PERMUTE_* (with want_status)
         ("done", ptr(int64)),  # the ticket counter (zeroed by count)
         ("NC", INT),  # chunks
         ("E", INT),

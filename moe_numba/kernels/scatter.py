@@ -71,7 +71,7 @@ WARPS = min(4, SYNCWARP_WARPS)  # workers per block
 
 
 class ScatterKey(NamedTuple):
-    """A scatter variant: word width (bytes), data type (``_abi.DATA_*``), weighted (rows
+    """A scatter variant: word width (bytes), data type (``abi.DATA_*``), weighted (rows
     scaled by p), dot (the dot product with Xu; weighted only), groups a thread holds at
     once, the routing map's id bits."""
 

@@ -40,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32, int64
 
-from .. import _abi
+from .. import abi
 from ..runtime._buffer import DeviceBuffer, carve
 from ..runtime._launch import launcher_for, optional_arg
 from ..runtime._status import StatusWords
@@ -76,7 +76,7 @@ def _plan_params(key):
         ("order", ptr(int64)),  # [C] chunk at each output position
         ("table", ptr(int64)),  # out [4C + 1] scratch (the module docstring)
         ("lengths", ptr(int64)),  # out [C] rows of the chunk at each output position
-        ("status", ptr(int64)),  # out: _abi.SORT_* (only with validate)
+        ("status", ptr(int64)),  # out: abi.SORT_* (only with validate)
         ("C", INT),
         ("N", INT),
         ("validate", INT),
@@ -135,10 +135,10 @@ def plan(sizes, order, table, lengths, status, C, N, validate):
     if tid == 0:
         table[4 * C] = carry
         if validate != 0:
-            store_found(status, _abi.SORT_BAD_SIZE, bad, sizes)
-            store_found(status, _abi.SORT_PAST_END, past, sizes)
+            store_found(status, abi.SORT_BAD_SIZE, bad, sizes)
+            store_found(status, abi.SORT_PAST_END, past, sizes)
             # chunks before the first one past the end end by row N: its first row is exact
-            status[_abi.SORT_PAST_END_START] = -1 if past == BIG else table[first + past]
+            status[abi.SORT_PAST_END_START] = -1 if past == BIG else table[first + past]
 
 
 @device
@@ -263,7 +263,7 @@ def run(plan, buffers, validate, alloc, stream):
     sizes_itemsize = plan.sizes_dtype.itemsize
     launch = launcher_for(stream)
     (table,) = carve(alloc, ((4 * C + 1, np.dtype(np.int64)),))
-    status = StatusWords(launch, _abi.SORT_STATUS_LEN) if validate else None
+    status = StatusWords(launch, abi.SORT_STATUS_LEN) if validate else None
     width = word_width(rb, b.x, b.out_y)
     nw = rb // width  # 0 for rows of no bytes: only the probabilities move
     tpr = _power_of_two(nw, 1, s.copy_bd)  # threads per row

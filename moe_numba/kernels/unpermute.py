@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _abi
+from .. import abi
 from ..runtime._buffer import DeviceBuffer, carve
 from ..runtime._launch import launcher_for, optional_arg
 from ..runtime._sequence import LaunchSequence, Step
@@ -180,7 +180,7 @@ def run(plan, buffers, validate, alloc, stream, slots=SLOT_PROBS):
 
     launch = launcher_for(stream)
     word = WORD_DTYPE[width]
-    status = StatusWords(launch, _abi.UNPERMUTE_STATUS_LEN) if validate else None
+    status = StatusWords(launch, abi.UNPERMUTE_STATUS_LEN) if validate else None
     values = (  # the call's values, in the order of _SLOTS
         optional_arg(b.rows if R else None, word),
         b.rowmap.kernel_arg(np.int32),

@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _abi
+from .. import abi
 from ..runtime._buffer import DeviceBuffer, carve
 from ..runtime._launch import launcher_for, optional_arg
 from ..runtime._sequence import LaunchSequence, Step
@@ -184,7 +184,7 @@ def run(plan, buffers, validate, alloc, stream):
     Returns
     -------
     StatusWords or None
-        With ``validate``: the call's ``_abi.UNPERMUTE_BACKWARD_STATUS_LEN`` status words
+        With ``validate``: the call's ``abi.UNPERMUTE_BACKWARD_STATUS_LEN`` status words
         (final once collide has run), else None.
 
     Notes
@@ -194,7 +194,7 @@ def run(plan, buffers, validate, alloc, stream):
     b = buffers
     T, R, E, K = plan.num_tokens, plan.num_rows, plan.num_experts, plan.topk
     H = plan.hidden if plan.grad_hidden else 0
-    data_type = plan.data_type if plan.grad_hidden else _abi.DATA_FLOAT32  # (no words)
+    data_type = plan.data_type if plan.grad_hidden else abi.DATA_FLOAT32  # (no words)
     weighted = plan.weighted and plan.grad_hidden  # (the rows scaled by p)
     dot = plan.dot  # (weighted, with the rows Xu)
     esize = ITEMSIZE[data_type]
@@ -209,7 +209,7 @@ def run(plan, buffers, validate, alloc, stream):
 
     launch = launcher_for(stream)
     word = WORD_DTYPE[width]
-    status = StatusWords(launch, _abi.UNPERMUTE_BACKWARD_STATUS_LEN) if validate else None
+    status = StatusWords(launch, abi.UNPERMUTE_BACKWARD_STATUS_LEN) if validate else None
     values = (  # the call's values, in the order of _SLOTS
         optional_arg(b.grad_hidden if T and H else None, word),
         optional_arg(rows if R else None, word),

@@ -34,7 +34,7 @@ from .._contract_backward import (
     UnpermuteBackwardScalars,
 )
 from .._contract_sort import SortArrays, SortScalars, host_values, inverse_order
-from .._ops import PERMUTE, PERMUTE_BACKWARD, SORT_CHUNKS, UNPERMUTE, UNPERMUTE_BACKWARD
+from ..ops import PERMUTE, PERMUTE_BACKWARD, SORT_CHUNKS, UNPERMUTE, UNPERMUTE_BACKWARD
 from . import _front
 from ._bridge import HOST
 

@@ -1,7 +1,7 @@
 """Paddle tensors -> the core -> Paddle tensors.
 
 :func:`outputs` is the one way from Paddle tensors into the core, for every op (its
-declaration, :mod:`moe_numba._ops`). The core's checks (metadata, location, contiguity,
+declaration, :mod:`moe_numba.ops`). The core's checks (metadata, location, contiguity,
 device) read the Paddle tensors themselves, through the Paddle adapters. CPU tensors then
 cross to the CPU backend as NumPy views and its outputs are Paddle tensors that it wrote
 through NumPy views (:mod:`._bridge`): no copy in or out. GPU tensors go to the GPU backend as
@@ -19,7 +19,7 @@ def outputs(op, arrays, scalars, capacities=None):
 
     Parameters
     ----------
-    op : moe_numba._ops.Op
+    op : moe_numba.ops.Op
         The op.
     arrays, scalars : NamedTuple
         The op's arrays and scalars, after ``op.host_values`` where it has one.

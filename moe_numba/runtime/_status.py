@@ -1,6 +1,6 @@
 """Status words the host reads back, and the wait for them.
 
-With ``validate=True`` a call reads its status words (:mod:`moe_numba._abi`) once. The
+With ``validate=True`` a call reads its status words (:mod:`moe_numba.abi`) once. The
 kernel that finishes them stores them straight into pinned, device-mapped host memory, and
 an event is recorded on the call's stream right after that kernel. The host waits for that
 event only, so the rest of the call's work (the row copies) keeps running after the call
@@ -26,7 +26,7 @@ from ._sim import SIM
 if not SIM:
     from cuda.bindings import driver as _driver
 
-_WORDS = 8  # int64 words per block: the longest status of _abi
+_WORDS = 8  # int64 words per block: the longest status of abi
 
 
 def driver_call(call, *args):

@@ -38,7 +38,7 @@ from .._contract_backward import (
     UnpermuteBackwardScalars,
 )
 from .._contract_sort import SortArrays, SortScalars, inverse_order
-from .._ops import PERMUTE, PERMUTE_BACKWARD, SORT_CHUNKS, UNPERMUTE, UNPERMUTE_BACKWARD
+from ..ops import PERMUTE, PERMUTE_BACKWARD, SORT_CHUNKS, UNPERMUTE, UNPERMUTE_BACKWARD
 from . import _direct
 from ._bridge import FLOAT8, asked_outputs, stand_ins
 from ._custom_ops import CUSTOM_OPS, arguments, split

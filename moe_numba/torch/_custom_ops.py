@@ -1,4 +1,4 @@
-"""The torch custom ops ``moe_numba::<op>``: one per declaration of :mod:`moe_numba._ops`,
+"""The torch custom ops ``moe_numba::<op>``: one per declaration of :mod:`moe_numba.ops`,
 made in one loop.
 
 An op's schema is its declaration's: its arrays (``Tensor``, or ``Tensor?`` where the field
@@ -30,7 +30,7 @@ from .. import _core
 from .._capacities import capacities_from, padded_rows
 from .._dispatch import check_devices
 from .._libraries import is_traced_int
-from .._ops import OPS
+from ..ops import OPS
 from ._bridge import check_dtypes, metadata, run_on_tensors, stand_ins, torch_dtype
 
 # a scalar's annotation -> its type in a schema (ints as SymInt: the compiler may trace them)

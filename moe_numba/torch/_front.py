@@ -1,4 +1,4 @@
-"""The front of torch tensors: every op's call (:mod:`moe_numba._ops`) takes one of three
+"""The front of torch tensors: every op's call (:mod:`moe_numba.ops`) takes one of three
 routes.
 
 ================  ===========================================  ==================================

@@ -40,7 +40,7 @@ stream is being captured either: the full path keeps a graph's capacities for go
 from __future__ import annotations
 
 from .._cache import on_clear
-from .._ops import OPS
+from ..ops import OPS
 
 try:  # (built with the C launcher: without it nothing is recorded)
     from ._replay_c import ReplayedOp

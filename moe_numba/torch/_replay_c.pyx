@@ -206,14 +206,14 @@ cdef tuple _picked(tuple outputs, tuple positions):
 
 
 cdef class ReplayedOp:
-    """The replays of one op (:mod:`moe_numba._ops`) on torch CUDA tensors. Called as
+    """The replays of one op (:mod:`moe_numba.ops`) on torch CUDA tensors. Called as
     ``replays(arrays, scalars, capacities)`` (the op's NamedTuples, and a permute's
     ``tokens_per_expert``), the public result of a call that a replay repeats, else None;
     :meth:`outputs` gives every output instead.
 
     Parameters
     ----------
-    op : moe_numba._ops.Op
+    op : moe_numba.ops.Op
         The op: its scalars' ``validate`` decides whether a call may be replayed; an op
         with capacities (the permute) has keys of their row count (see
         :mod:`moe_numba.torch._replay`), ignored where ``override_buffer_size >= 0``.

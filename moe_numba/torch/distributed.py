@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import _abi
+from .. import abi
 from .._capacities import padded
 from .._contract import (
     COMBINE_DTYPES,
@@ -60,7 +60,7 @@ from .._contract import (
     raise_for_permute_status,
 )
 from .._contract_sort import SortArrays, SortScalars, inverse_order
-from .._ops import PERMUTE, SORT_CHUNKS, UNPERMUTE
+from ..ops import PERMUTE, SORT_CHUNKS, UNPERMUTE
 from . import _front
 from ._agreement import ExpertParallelError, Field, agree
 from ._bridge import torch_dtype
@@ -294,9 +294,9 @@ def _raise_for_routing(words, rank, topk, num_experts):
     ``rank`` None: one process, no rank to name."""
     plan = SimpleNamespace(topk=topk, num_experts=num_experts)
     for source, (bad, bad_id, repeated, repeated_id) in enumerate(words):
-        status = [-1] * _abi.PERMUTE_STATUS_LEN
-        status[_abi.PERMUTE_BAD_ID : _abi.PERMUTE_BAD_ID + 2] = bad, bad_id
-        status[_abi.PERMUTE_DUPLICATE : _abi.PERMUTE_DUPLICATE + 2] = repeated, repeated_id
+        status = [-1] * abi.PERMUTE_STATUS_LEN
+        status[abi.PERMUTE_BAD_ID : abi.PERMUTE_BAD_ID + 2] = bad, bad_id
+        status[abi.PERMUTE_DUPLICATE : abi.PERMUTE_DUPLICATE + 2] = repeated, repeated_id
         try:
             raise_for_permute_status(status, plan)
         except ValueError as error:

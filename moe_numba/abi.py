@@ -87,7 +87,7 @@ def check_tables(backend, status_slots, data_types):
         for name in sorted(ours.keys() | theirs.keys()):
             if ours.get(name) != theirs.get(name):
                 differences.append(
-                    f"{what}[{name!r}] is {ours.get(name)} in moe_numba._abi but "
+                    f"{what}[{name!r}] is {ours.get(name)} in moe_numba.abi but "
                     f"{theirs.get(name)} in {backend}"
                 )
     if differences:

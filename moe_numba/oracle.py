@@ -1,8 +1,10 @@
-"""The NumPy oracle: docs/contract.rst written as slow, plain Python.
+"""The oracle: docs/contract.rst written as slow, plain NumPy, one function per op.
 
-Every backend is tested against these two functions, bit for bit. They favour clarity over
-speed (Python loops over tokens and slots) and never raise for bad values: they return the
-status words of :mod:`moe_numba._abi` next to the outputs, as the backends do.
+Every backend is tested against these functions, bit for bit, and so can any other
+implementation of the contract (a kernel of your own). They favour clarity over speed
+(Python loops over tokens and slots) and never raise for bad values: each returns its outputs
+and the status words that the backends report for them (the slots of ``moe_numba.abi``; -1
+where there is nothing to report).
 """
 
 from __future__ import annotations
@@ -10,13 +12,13 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from . import _abi
+from . import abi
 from ._capacities import padded
 
 _CANONICAL_NAN_BITS = {
-    np.dtype(np.float32): (np.uint32, _abi.CANONICAL_NAN_FLOAT32),
-    np.dtype(ml_dtypes.bfloat16): (np.uint16, _abi.CANONICAL_NAN_BFLOAT16),
-    np.dtype(np.float16): (np.uint16, _abi.CANONICAL_NAN_FLOAT16),
+    np.dtype(np.float32): (np.uint32, abi.CANONICAL_NAN_FLOAT32),
+    np.dtype(ml_dtypes.bfloat16): (np.uint16, abi.CANONICAL_NAN_BFLOAT16),
+    np.dtype(np.float16): (np.uint16, abi.CANONICAL_NAN_FLOAT16),
 }
 
 
@@ -61,23 +63,23 @@ def permute(
     """Reference ``moe_permute`` on NumPy arrays.
 
     Returns ``(outputs, status)`` where ``outputs`` is the tuple ``moe_permute`` returns and
-    ``status`` the int64 status words (``_abi.PERMUTE_*``).
+    ``status`` the int64 status words (``abi.PERMUTE_*``).
     """
     routemap = np.asarray(expert_routemap_topk)
     probs = np.asarray(expert_prob_topk, dtype=np.float32)
     num_tokens, topk = routemap.shape
-    status = np.full(_abi.PERMUTE_STATUS_LEN, -1, dtype=np.int64)
+    status = np.full(abi.PERMUTE_STATUS_LEN, -1, dtype=np.int64)
 
     routes_per_token = []
     for t in range(num_tokens):
         routes, bad, repeated = routed_experts(routemap[t], num_experts)
         routes_per_token.append(routes)
-        if bad and status[_abi.PERMUTE_BAD_ID] == -1:
-            status[_abi.PERMUTE_BAD_ID] = t * topk + bad[0][0]
-            status[_abi.PERMUTE_BAD_ID_VALUE] = bad[0][1]
-        if repeated and status[_abi.PERMUTE_DUPLICATE] == -1:
-            status[_abi.PERMUTE_DUPLICATE] = t * topk + repeated[0][0]
-            status[_abi.PERMUTE_DUPLICATE_VALUE] = repeated[0][1]
+        if bad and status[abi.PERMUTE_BAD_ID] == -1:
+            status[abi.PERMUTE_BAD_ID] = t * topk + bad[0][0]
+            status[abi.PERMUTE_BAD_ID_VALUE] = bad[0][1]
+        if repeated and status[abi.PERMUTE_DUPLICATE] == -1:
+            status[abi.PERMUTE_DUPLICATE] = t * topk + repeated[0][0]
+            status[abi.PERMUTE_DUPLICATE_VALUE] = repeated[0][1]
 
     counts = np.zeros(num_experts, dtype=np.int64)
     for routes in routes_per_token:
@@ -91,12 +93,12 @@ def permute(
     rows_needed = int(offsets[-1])
     num_rows = override_buffer_size if override else rows_needed
     if override and rows_needed > num_rows:
-        status[_abi.PERMUTE_ROWS_NEEDED] = rows_needed
+        status[abi.PERMUTE_ROWS_NEEDED] = rows_needed
     if not override:
         mismatched = np.flatnonzero(counts != capacities)
         if mismatched.size:
-            status[_abi.PERMUTE_MISMATCH] = mismatched[0]
-            status[_abi.PERMUTE_MISMATCH_COUNT] = counts[mismatched[0]]
+            status[abi.PERMUTE_MISMATCH] = mismatched[0]
+            status[abi.PERMUTE_MISMATCH_COUNT] = counts[mismatched[0]]
 
     rowmap = np.full((num_tokens, num_experts), -1, dtype=np.int32)
     probs_unzipped = np.zeros(num_rows, dtype=np.float32)
@@ -182,7 +184,7 @@ def unpermute(
     """Reference ``moe_unpermute`` on NumPy arrays.
 
     Returns ``((hidden_states, expert_prob_topk), status)`` with the int64 status words
-    ``_abi.UNPERMUTE_*``.
+    ``abi.UNPERMUTE_*``.
     """
     rows = np.asarray(hidden_states_unzipped)
     rowmap = np.asarray(zipped_expertwise_rowmap)
@@ -190,16 +192,16 @@ def unpermute(
     probs = np.asarray(token_prob_unzipped, dtype=np.float32).reshape(-1)
     num_rows, hidden = rows.shape
     topk = routemap.shape[1]
-    status = np.full(_abi.UNPERMUTE_STATUS_LEN, -1, dtype=np.int64)
+    status = np.full(abi.UNPERMUTE_STATUS_LEN, -1, dtype=np.int64)
 
     bad_rows = np.flatnonzero((rowmap < -1) | (rowmap >= num_rows))
     if bad_rows.size:
-        status[_abi.UNPERMUTE_BAD_ROW] = bad_rows[0]
-        status[_abi.UNPERMUTE_BAD_ROW_VALUE] = rowmap.reshape(-1)[bad_rows[0]]
+        status[abi.UNPERMUTE_BAD_ROW] = bad_rows[0]
+        status[abi.UNPERMUTE_BAD_ROW_VALUE] = rowmap.reshape(-1)[bad_rows[0]]
     bad_ids = np.flatnonzero((routemap < -1) | (routemap >= num_experts))
     if bad_ids.size:
-        status[_abi.UNPERMUTE_BAD_ID] = bad_ids[0]
-        status[_abi.UNPERMUTE_BAD_ID_VALUE] = routemap.reshape(-1)[bad_ids[0]]
+        status[abi.UNPERMUTE_BAD_ID] = bad_ids[0]
+        status[abi.UNPERMUTE_BAD_ID_VALUE] = routemap.reshape(-1)[bad_ids[0]]
 
     def row_of(t, expert):
         row = int(rowmap[t, expert])
@@ -271,7 +273,7 @@ def permute_backward(
     both).
 
     Returns ``((grad_hidden_states, grad_expert_prob_topk), status)`` with the int64 status
-    words ``_abi.UNPERMUTE_*``.
+    words ``abi.UNPERMUTE_*``.
     """
     rowmap = np.asarray(zipped_expertwise_rowmap)
     routemap = np.asarray(expert_routemap_topk)
@@ -315,7 +317,7 @@ def unpermute_backward(
     allows).
 
     Returns ``((grad_hidden_states_unzipped, grad_token_prob_unzipped), status)`` with the
-    int64 status words ``_abi.UNPERMUTE_*`` and ``_abi.UNPERMUTE_BACKWARD_*``.
+    int64 status words ``abi.UNPERMUTE_*`` and ``abi.UNPERMUTE_BACKWARD_*``.
     """
     rowmap = np.asarray(zipped_expertwise_rowmap)
     routemap = np.asarray(expert_routemap_topk)
@@ -328,8 +330,8 @@ def unpermute_backward(
         num_tokens,
         num_experts,
     )
-    status = np.full(_abi.UNPERMUTE_BACKWARD_STATUS_LEN, -1, dtype=np.int64)
-    status[: _abi.UNPERMUTE_STATUS_LEN] = map_status
+    status = np.full(abi.UNPERMUTE_BACKWARD_STATUS_LEN, -1, dtype=np.int64)
+    status[: abi.UNPERMUTE_STATUS_LEN] = map_status
 
     # the (token, expert) pair of each row; a row named twice has none
     pair_of_row, twice = {}, {}
@@ -345,9 +347,9 @@ def unpermute_backward(
                 pair_of_row[row] = (t, expert)
     if twice:
         row = min(twice)
-        status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW] = row
-        status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_FIRST] = twice[row][0]
-        status[_abi.UNPERMUTE_BACKWARD_DUPLICATE_SECOND] = twice[row][1]
+        status[abi.UNPERMUTE_BACKWARD_DUPLICATE_ROW] = row
+        status[abi.UNPERMUTE_BACKWARD_DUPLICATE_FIRST] = twice[row][0]
+        status[abi.UNPERMUTE_BACKWARD_DUPLICATE_SECOND] = twice[row][1]
 
     grad_rows = grad_prob = None
     dots = {}  # row -> the dot-product term of its probability gradient
@@ -385,26 +387,26 @@ def sort_chunks(x, split_sizes, order, probs=None):
     """Reference ``moe_sort_chunks`` on NumPy arrays, bad sizes following the
     ``validate=False`` rule (``_contract_sort.BAD_SIZES_RULE``).
 
-    Returns ``((y, probs_y), status)`` with the int64 status words ``_abi.SORT_*``;
+    Returns ``((y, probs_y), status)`` with the int64 status words ``abi.SORT_*``;
     ``probs_y`` is None when ``probs`` is.
     """
     x = np.asarray(x)
     num_rows = x.shape[0]
     sizes = [int(s) for s in split_sizes]
-    status = np.full(_abi.SORT_STATUS_LEN, -1, dtype=np.int64)
+    status = np.full(abi.SORT_STATUS_LEN, -1, dtype=np.int64)
 
     # chunk c covers rows [first[c], end[c]) of x
     first, end = [], []
     row = 0  # Python ints: no overflow
     for c, size in enumerate(sizes):
-        if size < 0 and status[_abi.SORT_BAD_SIZE] == -1:
-            status[_abi.SORT_BAD_SIZE] = c
-            status[_abi.SORT_BAD_SIZE_VALUE] = size
+        if size < 0 and status[abi.SORT_BAD_SIZE] == -1:
+            status[abi.SORT_BAD_SIZE] = c
+            status[abi.SORT_BAD_SIZE_VALUE] = size
         size = max(size, 0)
-        if row + size > num_rows and status[_abi.SORT_PAST_END] == -1:
-            status[_abi.SORT_PAST_END] = c
-            status[_abi.SORT_PAST_END_SIZE] = sizes[c]
-            status[_abi.SORT_PAST_END_START] = row
+        if row + size > num_rows and status[abi.SORT_PAST_END] == -1:
+            status[abi.SORT_PAST_END] = c
+            status[abi.SORT_PAST_END_SIZE] = sizes[c]
+            status[abi.SORT_PAST_END_START] = row
         first.append(min(row, num_rows))
         end.append(min(row + size, num_rows))
         row += size

@@ -1,4 +1,5 @@
-"""Every op of moe-numba, declared once.
+"""Every op of moe-numba, declared once (public: the seam that a front of another array
+library builds on).
 
 An op is what its :class:`Op` declaration says: its array arguments (a NamedTuple whose
 fields annotated ``... | None`` may be None), its other arguments (a NamedTuple of scalars
@@ -214,3 +215,24 @@ SORT_CHUNKS = Op(
 )
 
 OPS = (PERMUTE, UNPERMUTE, PERMUTE_BACKWARD, UNPERMUTE_BACKWARD, SORT_CHUNKS)
+
+__all__ = [
+    "OPS",
+    "PERMUTE",
+    "PERMUTE_BACKWARD",
+    "SORT_CHUNKS",
+    "UNPERMUTE",
+    "UNPERMUTE_BACKWARD",
+    "Op",
+    # each op's arrays and scalars (the declarations' NamedTuples)
+    "PermuteArrays",
+    "PermuteBackwardArrays",
+    "PermuteBackwardScalars",
+    "PermuteScalars",
+    "SortArrays",
+    "SortScalars",
+    "UnpermuteArrays",
+    "UnpermuteBackwardArrays",
+    "UnpermuteBackwardScalars",
+    "UnpermuteScalars",
+]
