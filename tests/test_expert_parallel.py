@@ -408,7 +408,8 @@ def test_nccl_on_gpus_one_host_read_per_forward(ranks):
     """One GPU per process over NCCL (runs where that many GPUs are present; one GPU checks
     every kernel of the layer, two the exchange too): the same bits as one process on the
     GPU, one host synchronisation per forward with validate=False (the split sizes), three
-    with validate=True (the agreements' too), none in the backward, no status words read."""
+    with validate=True (the agreements' too) and one wait for the permute's status words
+    (its check of the routing map), none in the backward."""
     if torch.cuda.device_count() < ranks or not dist.is_nccl_available():
         pytest.skip(f"needs {ranks} CUDA GPU(s) and NCCL")
     cases = [Case("nccl", (5,) * ranks, 4 * ranks, 3)]

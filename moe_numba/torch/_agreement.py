@@ -29,7 +29,8 @@ _OK = 0
 _CLASSES = {1: ValueError, 2: TypeError, 3: ExpertParallelError}
 
 
-def _code(failure):
+def failure_code(failure):
+    """A local error as an int every rank can read: 0 for none, else its class's code."""
     if failure is None:
         return _OK
     if isinstance(failure, TypeError):
@@ -72,21 +73,13 @@ def agree(fields, failure, device, group):
     """
     ranks = dist.get_world_size(group)
     rank = dist.get_rank(group)
-    mine = torch.tensor([_code(failure)] + [f.value for f in fields])
+    mine = torch.tensor([failure_code(failure)] + [f.value for f in fields])
     if device.type == "cuda":  # (from pinned memory: the read below is the one wait)
         mine = mine.pin_memory().to(device, non_blocking=True)
     table = [torch.empty_like(mine) for _ in range(ranks)]
     dist.all_gather(table, mine, group=group)
     table = torch.stack(table).tolist()
-    failed = [q for q in range(ranks) if table[q][0] != _OK]
-    if failed:
-        texts = [None] * ranks
-        dist.all_gather_object(texts, None if failure is None else str(failure), group=group)
-        q = failed[0]
-        where = "this rank" if q == rank else f"rank {q}"
-        raise _CLASSES[table[q][0]](f"{texts[q]} (on {where}; every rank raises)") from (
-            failure if q == rank else None
-        )
+    raise_any_failure([row[0] for row in table], failure, group)
     for i, field in enumerate(fields, 1):
         column = [row[i] for row in table]
         other = next((q for q in range(ranks) if column[q] != column[0]), None)
@@ -96,3 +89,33 @@ def agree(fields, failure, device, group):
                 f"rank {other} has {field.show(column[other])} (this is rank {rank}); every "
                 "rank of the group must have the same (every rank raises)"
             )
+
+
+def raise_any_failure(codes, failure, group):
+    """Raise on every rank the first failed rank's error, if any rank failed.
+
+    Parameters
+    ----------
+    codes : list of int
+        Every rank's :func:`failure_code`, as every rank read them (in rank order).
+    failure : Exception or None
+        This rank's local error, if any.
+    group : torch.distributed.ProcessGroup or None
+        The ranks: when one failed, every rank joins one ``all_gather_object`` of the
+        errors' texts.
+
+    Raises
+    ------
+    ValueError, TypeError, ExpertParallelError
+        The first failed rank's error, naming the rank; the same on every rank.
+    """
+    failed = [q for q, code in enumerate(codes) if code != _OK]
+    if not failed:
+        return
+    texts = [None] * len(codes)
+    dist.all_gather_object(texts, None if failure is None else str(failure), group=group)
+    q, rank = failed[0], dist.get_rank(group)
+    where = "this rank" if q == rank else f"rank {q}"
+    raise _CLASSES[codes[q]](f"{texts[q]} (on {where}; every rank raises)") from (
+        failure if q == rank else None
+    )

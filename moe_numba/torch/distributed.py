@@ -36,16 +36,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import abi
-from .._capacities import padded
 from .._contract import (
     COMBINE_DTYPES,
+    MAX_ROWS,
     ROUTEMAP_DTYPES,
     PermuteArrays,
     PermuteScalars,
@@ -57,12 +55,11 @@ from .._contract import (
     check_ndim,
     check_shape,
     is_int,
-    raise_for_permute_status,
 )
 from .._contract_sort import SortArrays, SortScalars, inverse_order
 from ..ops import PERMUTE, SORT_CHUNKS, UNPERMUTE
 from . import _front
-from ._agreement import ExpertParallelError, Field, agree
+from ._agreement import ExpertParallelError, Field, agree, failure_code, raise_any_failure
 from ._bridge import torch_dtype
 
 __all__ = [
@@ -82,8 +79,6 @@ routing probability of each row (0.0 on padding rows); bfloat16, float16 or floa
 # takes (index: their code in the agreements) and routing maps
 _ROW_DTYPES = tuple(torch_dtype(d) for d in COMBINE_DTYPES)
 _ROUTEMAP_DTYPES = frozenset(torch_dtype(d) for d in ROUTEMAP_DTYPES)
-_BIG = torch.iinfo(torch.int64).max
-_STATUS = 4  # per rank: first bad slot, its id, first repeated slot, its id
 
 
 def local_experts(num_experts: int, group=None) -> range:
@@ -255,55 +250,27 @@ def _all_to_all(x, output_splits, input_splits, group):
     return out
 
 
-def _counts_and_status(routemap, num_experts, validate):
-    """Distinct tokens per expert (int64 [E], the permute's ``c_e``: ids outside [0, E)
-    skipped, a repeated expert counted once) and, with ``validate``, the routing map's
-    status words [4] (first bad slot and its id, first repeated slot and its id; -1 for
-    none); all on the device."""
-    ids = routemap.long()
-    num_tokens, topk = ids.shape
-    valid = (ids >= 0) & (ids < num_experts)
-    # each token's ids sorted: an id counts where it differs from its left neighbour; the
-    # others go to a spare bin E (integer adds: the same counts whatever their order)
-    ordered = ids.sort(1).values
-    first = torch.ones_like(valid)
-    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
-    counted = first & (ordered >= 0) & (ordered < num_experts)
-    bins = torch.where(counted, ordered, num_experts).flatten()
-    counts = ids.new_zeros(num_experts + 1).scatter_add_(0, bins, torch.ones_like(bins))
-    counts = counts[:num_experts]
-    if not validate:
-        return counts, None
-    flat = torch.arange(num_tokens * topk, device=ids.device).view(num_tokens, topk)
-    repeated = torch.zeros_like(valid)
-    for k in range(1, topk):
-        repeated[:, k] = valid[:, k] & (ids[:, :k] == ids[:, k : k + 1]).any(1)
-    words = []
-    padded_ids = torch.cat([ids.flatten(), ids.new_zeros(1)])  # (a slot for "none")
-    for found in (~valid & (ids != -1), repeated):
-        at = torch.where(found, flat, _BIG).flatten()
-        at = torch.cat([at, at.new_full((1,), _BIG)]).amin().view(1)
-        # gather, not indexing with a tensor: nothing here may read the device from the host
-        value = padded_ids.gather(0, at.clamp(max=num_tokens * topk))
-        words += [torch.where(at == _BIG, -1, at), torch.where(at == _BIG, -1, value)]
-    return counts, torch.cat(words)
-
-
-def _raise_for_routing(words, rank, topk, num_experts):
-    """Raise for the first rank whose routing map is bad (every rank raises the same);
-    ``rank`` None: one process, no rank to name."""
-    plan = SimpleNamespace(topk=topk, num_experts=num_experts)
-    for source, (bad, bad_id, repeated, repeated_id) in enumerate(words):
-        status = [-1] * abi.PERMUTE_STATUS_LEN
-        status[abi.PERMUTE_BAD_ID : abi.PERMUTE_BAD_ID + 2] = bad, bad_id
-        status[abi.PERMUTE_DUPLICATE : abi.PERMUTE_DUPLICATE + 2] = repeated, repeated_id
-        try:
-            raise_for_permute_status(status, plan)
-        except ValueError as error:
-            if rank is None:
-                raise
-            where = "this rank" if source == rank else f"rank {source}"
-            raise ValueError(f"{error} (on {where}; every rank raises)") from None
+def _padded_sizes(x, routemap, probs, num_experts, alignment, validate):
+    """Each expert's rows in the permute's layout, padding included (int32 [E], on the
+    tensors' device): the permute's own counts, from its scan of the routing map with
+    ``override_buffer_size`` (a buffer no routing map can fill, so no block is cut) and
+    ``return_expert_offsets``, gathering no rows. With ``validate`` the permute checks the
+    routing map too, and raises its error here, on this rank."""
+    num_tokens, topk = routemap.shape
+    pairs = num_tokens * min(topk, num_experts)  # (each token counts once per expert)
+    bound = min(pairs + min(pairs, num_experts) * (alignment - 1), MAX_ROWS)
+    arrays = PermuteArrays(x, None, routemap, probs)
+    scalars = PermuteScalars(
+        num_experts,
+        alignment,
+        do_gather=False,
+        override_buffer_size=bound,
+        validate=validate,
+        return_expert_offsets=True,
+    )
+    with torch.no_grad():
+        ends = _front.call(PERMUTE, arrays, scalars)[-1]
+    return torch.diff(ends, prepend=ends.new_zeros(1))
 
 
 def _check_inputs(x, routemap, probs, expert_fn):
@@ -556,27 +523,24 @@ def expert_parallel_moe(
             agree(fields, failure, _device(x), group)
         ranks = dist.get_world_size(group)
         per_rank = len(experts)
-        num_tokens, topk = routemap.shape
-        counts, words = _counts_and_status(routemap, num_experts, validate)
-        message = counts.view(ranks, per_rank)
-        if words is not None:
-            message = torch.cat([message, words.expand(ranks, _STATUS)], 1)
+        failure = None
+        try:
+            sizes = _padded_sizes(x, routemap, probs, num_experts, alignment, validate)
+        except (TypeError, ValueError) as error:  # (raised below, on every rank)
+            failure = error
+            sizes = torch.zeros(num_experts, dtype=torch.int32, device=routemap.device)
+        # to each rank: the sizes of its experts, and this rank's failure code
+        code = torch.full((ranks, 1), failure_code(failure), dtype=torch.int32, device=sizes.device)
+        message = torch.cat([sizes.view(ranks, per_rank), code], 1)
         received = torch.empty_like(message)
         dist.all_to_all_single(received, message, group=group)
         # the split sizes: the one device-to-host read besides the agreements
-        host = torch.cat([counts, received.flatten()]).tolist()
-    width = message.shape[1]
-    if validate:
-        words = [host[num_experts + q * width + per_rank :][:_STATUS] for q in range(ranks)]
-        _raise_for_routing(words, dist.get_rank(group), topk, num_experts)
-    local = host[:num_experts]
+        host = torch.cat([sizes, received.flatten()]).tolist()
+    width = per_rank + 1
+    raise_any_failure(host[num_experts + per_rank :: width], failure, group)
+    sent = host[:num_experts]
     # rows of each (source rank q, local expert j) chunk arriving here, in arrival order
-    arriving = [
-        padded(host[num_experts + q * width + j], alignment)
-        for q in range(ranks)
-        for j in range(per_rank)
-    ]
-    sent = [padded(n, alignment) for n in local]
+    arriving = [host[num_experts + q * width + j] for q in range(ranks) for j in range(per_rank)]
     input_splits = [sum(sent[q * per_rank : (q + 1) * per_rank]) for q in range(ranks)]
     output_splits = [sum(arriving[q * per_rank : (q + 1) * per_rank]) for q in range(ranks)]
     order = [q * per_rank + j for j in range(per_rank) for q in range(ranks)]
@@ -585,7 +549,7 @@ def expert_parallel_moe(
     # (the layer's inputs: where their gradients arrive, the backward leaves the layer)
     x, probs = clock.mark(x, None), clock.mark(probs, None)
     with stage("permute", x):
-        rows, rowmap, row_probs = _permute(x, routemap, probs, num_experts, local, alignment)
+        rows, rowmap, row_probs = _permute(x, routemap, probs, num_experts, sent, alignment)
     rows = clock.mark(rows, "permute")
     with stage("all-to-all", x):
         rows_in = _AllToAll.apply(rows, output_splits, input_splits, group)
@@ -645,11 +609,8 @@ def single_process_moe(
     num_experts = check_int("num_experts", num_experts, 1)
     _check_inputs(x, routemap, probs, expert_fn)
     x, routemap, probs = _contiguous(x, routemap, probs)
-    counts, words = _counts_and_status(routemap, num_experts, validate)
-    if validate:
-        _raise_for_routing([words.tolist()], None, routemap.shape[1], num_experts)
-    counts = counts.tolist()
-    rows, rowmap, row_probs = _permute(x, routemap, probs, num_experts, counts, alignment)
-    out = expert_fn(rows, [padded(n, alignment) for n in counts], row_probs)
+    sizes = _padded_sizes(x, routemap, probs, num_experts, alignment, validate).tolist()
+    rows, rowmap, row_probs = _permute(x, routemap, probs, num_experts, sizes, alignment)
+    out = expert_fn(rows, sizes, row_probs)
     out = _check_expert_output(out, rows.shape[0], rows.device)
     return _unpermute(out, rowmap, routemap, row_probs, num_experts, using_weighted_combine)
