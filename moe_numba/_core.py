@@ -35,13 +35,17 @@ def metadata(arrays):
     return arrays._make(meta)
 
 
-def _cpu_backend():
+def cpu_backend():
+    """The CPU backend (the Cython loops of :mod:`moe_cpu`): NumPy arrays and views of
+    CPU tensors."""
     from . import _cpu
 
     return _cpu
 
 
-def _gpu_backend():
+def gpu_backend():
+    """The GPU backend (the numba.cuda kernels), loaded on first use; raises
+    :class:`~moe_numba.GPUUnavailableError`, saying what is missing, where it cannot load."""
     from ._gpu import gpu_backend
 
     return gpu_backend()
@@ -49,7 +53,7 @@ def _gpu_backend():
 
 # location (see ``locate``) -> loader of the backend: both offer one method per op, named
 # as the op: ``backend.<op.name>(plan, arrays, empty=...) -> (outputs, status)``
-_BACKENDS = {"cpu": _cpu_backend, "cuda": _gpu_backend}
+_BACKENDS = {"cpu": cpu_backend, "cuda": gpu_backend}
 
 
 class CallCache:
@@ -103,9 +107,32 @@ def clear():
 
 
 def prepare(op, arrays, scalars, capacities=None):
-    """(backend, plan) of a call of ``op``, checked (see :class:`CallCache`); a permute's
-    plan with its ``capacities`` (``tokens_per_expert``) unless ``override_buffer_size``
-    sets its rows."""
+    """A call of ``op`` checked, and what runs it.
+
+    Parameters
+    ----------
+    op : moe_numba.ops.Op
+        The op.
+    arrays, scalars : NamedTuple
+        The op's arrays and scalars (``op.arrays``, ``op.scalars``); their field names name
+        the arguments in errors.
+    capacities : sequence of int, optional
+        A permute's ``tokens_per_expert`` (ignored under ``override_buffer_size``).
+
+    Returns
+    -------
+    backend
+        The backend of the arrays' location (:func:`cpu_backend`, :func:`gpu_backend`).
+    plan : NamedTuple
+        The op's plan (shapes and flags, from metadata alone; a permute's with its
+        capacities). Both are remembered per call key (:class:`CallCache`): a second call
+        with the same metadata and scalars gets the same objects.
+
+    Raises
+    ------
+    TypeError, ValueError
+        An argument the contract refuses, named.
+    """
     backend, plan = CALLS[op].prepare(arrays, scalars)
     if op.capacities:
         plan = with_capacities(plan, capacities)
@@ -113,10 +140,26 @@ def prepare(op, arrays, scalars, capacities=None):
 
 
 def run(op, backend, plan, arrays, empty=None):
-    """The outputs of a call that :func:`prepare` has checked: ``op``'s outputs NamedTuple
-    (None for an output not asked for; all None when the plan has nothing to compute).
-    ``empty(shape, dtype)``, if given, allocates the outputs instead of the arrays'
-    library."""
+    """Run a call that :func:`prepare` has checked.
+
+    Parameters
+    ----------
+    op, backend, plan, arrays
+        The op, what :func:`prepare` returned for the call, and its arrays.
+    empty : callable, optional
+        ``empty(shape, dtype)`` allocating the outputs instead of the arrays' library.
+
+    Returns
+    -------
+    NamedTuple
+        The op's outputs (None for an output not asked for; all None when the plan has
+        nothing to compute).
+
+    Raises
+    ------
+    ValueError
+        Where the plan validates and the backend's status words report a bad value.
+    """
     if not plan.runs:
         return op.outputs(*(None for _ in op.outputs._fields))
     run_op = getattr(backend, op.name)
@@ -127,8 +170,9 @@ def run(op, backend, plan, arrays, empty=None):
 
 
 def outputs(op, arrays, scalars, capacities=None):
-    """Every output of a call of ``op`` on arrays the core serves (NumPy arrays and CUDA
-    arrays): its outputs NamedTuple, after :func:`prepare` and :func:`run`."""
+    """Every output of a call of ``op`` (its outputs NamedTuple): :func:`prepare`, then
+    :func:`run`, on arrays the core serves as they are (NumPy arrays and CUDA arrays);
+    ``op.host_values`` first where the op has host values (``moe_sort_chunks``'s sizes)."""
     if op.host_values is not None:
         arrays, scalars = op.host_values(arrays, scalars)
     backend, plan = prepare(op, arrays, scalars, capacities)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from . import _outputs
 from ._contract import (
+    ArrayMeta,
     PermuteArrays,
     PermuteScalars,
     UnpermuteArrays,
@@ -224,6 +225,8 @@ __all__ = [
     "UNPERMUTE",
     "UNPERMUTE_BACKWARD",
     "Op",
+    # what an op's check reads of each array (check(metadata, scalars) -> plan)
+    "ArrayMeta",
     # each op's arrays and scalars (the declarations' NamedTuples)
     "PermuteArrays",
     "PermuteBackwardArrays",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from moe_numba._contract import ArrayMeta
+from moe_numba import backends
+from moe_numba.ops import ArrayMeta
 
 HIDDEN_DTYPES = [
     ml_dtypes.bfloat16,
@@ -133,12 +134,7 @@ def metadata(arrays):
 
 
 def plan_of(op, arrays, capacities=None, **scalars):
-    """The plan the contract makes of a call of ``op`` (its declaration) on NumPy
-    ``arrays``, with its ``scalars`` by name (the public defaults for the others) and, for a
-    permute, its capacities."""
-    plan = op.check(metadata(arrays), op.scalars(**scalars))
-    if op.capacities and not plan.override:
-        from moe_numba._capacities import with_capacities
-
-        plan = with_capacities(plan, capacities)
-    return plan
+    """The plan of a call of ``op`` (its declaration) on NumPy ``arrays``, with its
+    ``scalars`` by name (the public defaults for the others) and, for a permute, its
+    capacities: what every front hands a backend (:func:`moe_numba.backends.prepare`)."""
+    return backends.prepare(op, arrays, op.scalars(**scalars), capacities)[1]

@@ -19,7 +19,7 @@ from moe_numba.ops import PERMUTE_BACKWARD, UNPERMUTE_BACKWARD
 def with_gradients(backend):
     """``backend``, once it offers the gradient ops (the GPU ones come separately)."""
     if backend.name != "cpu":
-        from moe_numba._gpu import gpu_backend
+        from moe_numba.backends import gpu_backend
 
         if not hasattr(gpu_backend(), "permute_backward"):
             pytest.xfail("the GPU backend has no gradient ops yet")

@@ -14,7 +14,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from _cases import counts_of, random_probs, random_routing, random_values  # noqa: E402
-from moe_numba.torch import _bridge  # noqa: E402
 
 CUDA = pytest.param(
     "cuda",
@@ -31,6 +30,33 @@ TORCH_DTYPES = {
     np.dtype(np.float32): torch.float32,
 }
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# the ml_dtypes types that NumPy cannot hand torch: their bits go through as integers
+_VIEWED = {
+    np.dtype(ml_dtypes.bfloat16): torch.bfloat16,
+    np.dtype(ml_dtypes.float8_e4m3fn): torch.float8_e4m3fn,
+    np.dtype(ml_dtypes.float8_e5m2): torch.float8_e5m2,
+}
+_VIEWED_BACK = {t: d for d, t in _VIEWED.items()}
+
+
+_INTEGERS = {1: (np.uint8, torch.uint8), 2: (np.int16, torch.int16)}
+
+
+def from_numpy(array):
+    """A CPU tensor sharing the memory of a NumPy array (ml_dtypes' types included)."""
+    dtype = _VIEWED.get(array.dtype)
+    if dtype is None:
+        return torch.from_numpy(array)
+    return torch.from_numpy(array.view(_INTEGERS[array.itemsize][0])).view(dtype)
+
+
+def to_numpy(t):
+    """A tensor copied to a NumPy array of the same dtype (ml_dtypes' types included)."""
+    t = t.detach().cpu()
+    dtype = _VIEWED_BACK.get(t.dtype)
+    if dtype is None:
+        return t.numpy().copy()
+    return t.view(_INTEGERS[t.element_size()][1]).numpy().view(dtype).copy()
 
 
 @contextmanager
@@ -61,12 +87,7 @@ def to_torch(x, device):
     """A NumPy array (any dtype, ml_dtypes included) copied to a tensor on ``device``."""
     if not isinstance(x, np.ndarray):
         return x
-    return _bridge.from_numpy(np.ascontiguousarray(x)).clone().to(device)
-
-
-def to_numpy(t):
-    """A tensor copied to a NumPy array of the same dtype."""
-    return _bridge.to_numpy(t.detach().cpu())
+    return from_numpy(np.ascontiguousarray(x)).clone().to(device)
 
 
 def bits(t):
@@ -78,7 +99,7 @@ def bits(t):
 def assert_same_bits(actual, expected):
     """Same dtype, shape and bits; ``expected`` may be a NumPy array."""
     if isinstance(expected, np.ndarray):
-        expected = _bridge.from_numpy(np.ascontiguousarray(expected))
+        expected = from_numpy(np.ascontiguousarray(expected))
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     assert torch.equal(bits(actual), bits(expected))

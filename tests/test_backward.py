@@ -515,7 +515,7 @@ def test_torch_cpu_tensors_in_and_out():
     """torch CPU tensors run on the CPU backend through NumPy views: the same bits as NumPy,
     torch tensors back; mixing them with NumPy arrays is refused as in the forward ops."""
     torch = pytest.importorskip("torch")
-    from moe_numba.torch._bridge import from_numpy, to_numpy
+    from _torch_cases import from_numpy, to_numpy
 
     rng = np.random.default_rng(25)
     routemap, rowmap, r = routed(rng, 20, 3, 5, 2, repeats=0.2)

@@ -11,7 +11,7 @@ import moe_cpu
 from _cases import plan_of
 from _gradients import with_gradients
 from moe_cpu import _backward
-from moe_numba import _cpu, abi, moe_permute_backward, moe_unpermute_backward, oracle
+from moe_numba import abi, backends, moe_permute_backward, moe_unpermute_backward, oracle
 from moe_numba.ops import (
     PERMUTE_BACKWARD,
     UNPERMUTE_BACKWARD,
@@ -388,7 +388,7 @@ def test_cpu_glue_writes_every_output(given, dtype):
     probs = rng.standard_normal(6).astype(np.float32) if given != "rows" else None
     arrays = PermuteBackwardArrays(rows, probs, ROWMAP, ROUTEMAP)
     plan = plan_of(PERMUTE_BACKWARD, arrays, validate=True)
-    outputs, status = _cpu.permute_backward(plan, arrays, poison)
+    outputs, status = backends.cpu_backend().permute_backward(plan, arrays, poison)
     expected, expected_status = oracle.permute_backward(*arrays)
     for a, b in zip(outputs, expected, strict=True):
         assert (a is None and b is None) or a.tobytes() == b.tobytes()
@@ -400,7 +400,7 @@ def test_cpu_glue_writes_every_output(given, dtype):
     p = rng.random(6, dtype=np.float32)
     arrays = UnpermuteBackwardArrays(dy, g, xu, ROWMAP, ROUTEMAP, p)
     plan = plan_of(UNPERMUTE_BACKWARD, arrays, using_weighted_combine=True, num_rows=6)
-    outputs, status = _cpu.unpermute_backward(plan, arrays, poison)
+    outputs, status = backends.cpu_backend().unpermute_backward(plan, arrays, poison)
     expected, expected_status = oracle.unpermute_backward(*arrays, True, 6)
     for a, b in zip(outputs, expected, strict=True):
         assert (a is None and b is None) or a.tobytes() == b.tobytes()

@@ -39,7 +39,7 @@ from moe_numba.ops import (  # noqa: E402
 )
 
 if config.ENABLE_CUDASIM:
-    from moe_numba import _gpu  # noqa: E402
+    from moe_numba import backends  # noqa: E402
     from moe_numba.kernels import unpermute_backward as UB  # noqa: E402
 
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
@@ -133,7 +133,7 @@ def run_backend(op, plan, host_arrays, expected, status_expected, scratch, names
     arrays = type(host_arrays)(*(device(x) for x in host_arrays))
     for validate in (True, False):
         empty = Poisoned()
-        run_op = getattr(_gpu.gpu_backend(), op)
+        run_op = getattr(backends.gpu_backend(), op)
         out, status = run_op(plan._replace(validate=validate), arrays, empty=empty)
         assert empty.scratch == scratch[0 if validate else 1]
         if validate:

@@ -5,7 +5,7 @@ objects, changed counts and counts of another type each get their own, right, pl
 import numpy as np
 import pytest
 
-from moe_numba import _core
+from _cases import metadata
 from moe_numba._capacities import with_capacities
 from moe_numba.ops import PERMUTE, PermuteArrays, PermuteScalars
 
@@ -14,7 +14,7 @@ def _plan(num_experts=3, alignment=2):
     x = np.zeros((4, 2), np.float32)
     arrays = PermuteArrays(x, None, np.zeros((4, 1), np.int32), np.zeros((4, 1), np.float32))
     scalars = PermuteScalars(num_experts=num_experts, padding_alignment=alignment)
-    return _core.CALLS[PERMUTE].prepare(arrays, scalars)[1]
+    return PERMUTE.check(metadata(arrays), scalars)  # (a plan without capacities)
 
 
 def test_counts_decide_the_rows():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import moe_numba
-from moe_numba import _core, moe_permute
+from moe_numba import backends, moe_permute
 from moe_numba.ops import PERMUTE, PermuteArrays, PermuteScalars
 
 
@@ -19,11 +19,13 @@ def test_clear_forgets_every_prepared_call():
     moe_permute(x, None, routes, probs, 2, [2, 2], 1)
     arrays = PermuteArrays(x, None, routes, probs)
     scalars = PermuteScalars(num_experts=2, padding_alignment=1)
-    first = _core.CALLS[PERMUTE].prepare(arrays, scalars)
-    assert _core.CALLS[PERMUTE].prepare(arrays, scalars) is first  # remembered
+    _, first = backends.prepare(PERMUTE, arrays, scalars, [2, 2])
+    assert backends.prepare(PERMUTE, arrays, scalars, [2, 2])[1] is first  # remembered
     moe_numba.clear()
-    again = _core.CALLS[PERMUTE].prepare(arrays, scalars)
-    assert again is not first and again[1] == first[1]  # prepared anew, the same plan
+    _, again = backends.prepare(PERMUTE, arrays, scalars, [2, 2])
+    assert again is not first  # prepared anew, the same plan:
+    assert again._replace(capacities=None) == first._replace(capacities=None)
+    assert list(again.capacities) == list(first.capacities) == [2, 2]
 
 
 @pytest.mark.sim

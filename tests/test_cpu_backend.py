@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import moe_cpu
 from _cases import FLOAT8, HIDDEN_DTYPES, bits, counts_of, garbage, plan_of
 from moe_cpu._parallel import copy_rows
-from moe_numba import _cpu, abi, oracle
+from moe_numba import abi, backends, oracle
 from moe_numba.ops import PERMUTE, PermuteArrays
 
 HYPOTHESIS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -92,7 +92,7 @@ def cpu_permute(
         override_buffer_size=override_buffer_size,
         validate=validate,
     )
-    outputs, status = _cpu.permute(plan, arrays, garbage)
+    outputs, status = backends.cpu_backend().permute(plan, arrays, garbage)
     return outputs.result(), status
 
 
@@ -447,7 +447,7 @@ def test_the_glue_allocates_every_output_and_status_word_with_empty():
     plan = plan_of(
         PERMUTE, arrays, [3, 0], num_experts=2, padding_alignment=2, return_expert_indices=True
     )
-    outputs, status = _cpu.permute(plan, arrays, recording)
+    outputs, status = backends.cpu_backend().permute(plan, arrays, recording)
     assert requests == [
         ((4, 2), np.dtype(ml_dtypes.bfloat16)),
         ((3, 2), np.dtype(np.int32)),

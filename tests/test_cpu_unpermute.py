@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import moe_cpu
 from _cases import bits, garbage, plan_of
 from moe_cpu import _unpermute
-from moe_numba import _cpu, abi, oracle
+from moe_numba import abi, backends, oracle
 from moe_numba.ops import UNPERMUTE, UnpermuteArrays
 
 DATA_TYPES = {
@@ -45,7 +45,7 @@ def cpu_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision):
         using_mix_precision=mix_precision,
         using_weighted_combine=weighted,
     )
-    return _cpu.unpermute(plan, arrays, garbage)
+    return backends.cpu_backend().unpermute(plan, arrays, garbage)
 
 
 def check_unpermute(rows, rowmap, routemap, probs, weighted, mix_precision):

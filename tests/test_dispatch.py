@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import moe_numba
-from moe_numba import GPUUnavailableError, moe_permute, moe_unpermute
+from moe_numba import GPUUnavailableError, backends, moe_permute, moe_unpermute
 from moe_numba._dispatch import locate
 from moe_numba._libraries import array_library, classify, library_named
 from test_errors import permute_defaults, unpermute_defaults
@@ -150,24 +150,20 @@ def test_torch_cpu_tensor_among_numpy_arrays_is_refused():
 def test_cuda_arrays_without_a_usable_gpu_explain_what_is_missing(monkeypatch):
     from numba import config, cuda
 
-    from moe_numba import _gpu
-
     moe_numba.clear()  # (the GPU backend too: the next one checks for a GPU again)
     monkeypatch.setattr(config, "ENABLE_CUDASIM", 0)
     monkeypatch.setattr(cuda, "is_available", lambda: False)
     with pytest.raises(GPUUnavailableError, match=r"finds no usable GPU/driver.*nvidia-smi"):
-        _gpu.gpu_backend()
+        backends.gpu_backend()
 
 
 def test_cuda_arrays_without_numba_cuda_name_the_extra(monkeypatch):
-    from moe_numba import _gpu
-
     moe_numba.clear()
     monkeypatch.setitem(sys.modules, "numba", None)
     with pytest.raises(
         GPUUnavailableError, match=r"pip install -e '\.\[gpu\]' in the moe-numba checkout"
     ):
-        _gpu.gpu_backend()
+        backends.gpu_backend()
 
 
 def test_missing_cuda_compiler_libraries_name_the_extra():

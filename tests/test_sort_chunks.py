@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 import moe_cpu
 from _backends import examples
 from _cases import FLOAT8, HIDDEN_DTYPES, assert_same_bits, random_bits
-from moe_numba import _core, abi, moe_sort_chunks, oracle
-from moe_numba._contract_sort import inverse_order
+from moe_numba import abi, backends, moe_sort_chunks, oracle
 from moe_numba.kernels import use_settings
 from moe_numba.ops import SORT_CHUNKS, SortArrays, SortScalars
 
@@ -25,7 +24,7 @@ def sort_chunks_arrays(x, split_sizes, order, probs=None, *, validate=True):
     """Every output of ``moe_sort_chunks`` (its ``lengths`` too: the sizes of the inverse
     sort, which the torch backward uses), through the core."""
     scalars = SortScalars(order=order, host_split_sizes=split_sizes, validate=validate)
-    return _core.outputs(SORT_CHUNKS, SortArrays(x, probs, None), scalars)
+    return backends.outputs(SORT_CHUNKS, SortArrays(x, probs, None), scalars)
 
 
 def sort_on(backend, x, split_sizes, order, probs=None, *, device_sizes=False, **flags):
@@ -93,7 +92,8 @@ def test_inverse_sort_restores_the_rows(backend, data):
     x, probs = _inputs(case)
     sizes, order = case["sizes"], case["order"]
     y, probs_y = sort_on(backend, x, sizes, order, probs)
-    back, probs_back = sort_on(backend, y, [sizes[c] for c in order], inverse_order(order), probs_y)
+    inverse = np.argsort(order).tolist()  # (inverse[order[i]] = i)
+    back, probs_back = sort_on(backend, y, [sizes[c] for c in order], inverse, probs_y)
     assert_same_bits(back, x, "x after sort and inverse sort")
     if probs is not None:
         assert_same_bits(probs_back, probs, "probs after sort and inverse sort")

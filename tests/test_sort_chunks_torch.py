@@ -8,7 +8,6 @@ import pytest
 
 from _cases import assert_same_bits, random_bits
 from moe_numba import moe_sort_chunks
-from moe_numba._contract_sort import inverse_order
 
 
 def _torch():
@@ -16,15 +15,15 @@ def _torch():
 
 
 def _tensor(array, device):
-    from moe_numba.torch._bridge import from_numpy
+    from _torch_cases import to_torch
 
-    return from_numpy(np.ascontiguousarray(array)).to(device)
+    return to_torch(array, device)
 
 
 def _array(tensor):
-    from moe_numba.torch._bridge import to_numpy
+    from _torch_cases import to_numpy
 
-    return to_numpy(tensor.detach().cpu())
+    return to_numpy(tensor)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -71,7 +70,7 @@ def test_torch_gradient_is_the_inverse_sort(device, sizes_on_device):
     else:
         y, probs_y = moe_sort_chunks(x, sizes, order, probs)
     torch.autograd.backward([y, probs_y], [dy, dp])
-    inverse = inverse_order(order)
+    inverse = np.argsort(order).tolist()  # (inverse[order[i]] = i)
     back_sizes = [sizes[c] for c in order]
     expected_x, expected_p = moe_sort_chunks(_array(dy), back_sizes, inverse, _array(dp))
     assert_same_bits(_array(x.grad), expected_x, "grad x")

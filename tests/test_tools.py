@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,21 +88,23 @@ def test_help_shows_the_docstring(name, monkeypatch, capsys):
     assert module.__doc__.splitlines()[0] in capsys.readouterr().out
 
 
-def test_clear_forgets_every_replay_and_the_cores_calls():
+def test_clear_forgets_the_cores_prepared_calls():
     """What the tools call between settings (``moe_numba.clear``, which ``use_settings``
-    calls): the core's prepared calls among every cache; that a cleared key records anew is
-    checked on a GPU, in test_torch_replay."""
-    torch = pytest.importorskip("torch")
+    calls) forgets the core's prepared calls among every cache; that a cleared key records
+    anew is checked on a GPU, in test_torch_replay."""
     import moe_numba
-    from moe_numba import _core, moe_unpermute
-    from moe_numba.ops import OPS
-    from moe_numba.torch import _replay
+    from moe_numba import backends
+    from moe_numba.ops import UNPERMUTE, UnpermuteArrays, UnpermuteScalars
 
-    arrays = (torch.zeros((2, 3)), torch.tensor([[0], [1]], dtype=torch.int32))
-    arrays += (torch.zeros((2, 1), dtype=torch.int32), torch.ones(2))
-    for _ in range(2):  # (a type met for the first time is checked without a key)
-        moe_unpermute(*arrays, 2, 1)
-    assert sum(len(_core.CALLS[op]) for op in OPS) > 0
+    arrays = UnpermuteArrays(
+        np.zeros((2, 3), np.float32),
+        np.array([[0], [1]], np.int32),
+        np.zeros((2, 1), np.int32),
+        np.ones(2, np.float32),
+    )
+    scalars = UnpermuteScalars(total_zipped_tokens=2, num_experts=1)
+    backends.prepare(UNPERMUTE, arrays, scalars)  # (a type met first is checked without a key)
+    _, plan = backends.prepare(UNPERMUTE, arrays, scalars)
+    assert backends.prepare(UNPERMUTE, arrays, scalars)[1] is plan  # (remembered)
     moe_numba.clear()
-    assert sum(len(_core.CALLS[op]) for op in OPS) == 0
-    assert set(_replay.REPLAYS) == set(OPS)
+    assert backends.prepare(UNPERMUTE, arrays, scalars)[1] is not plan
