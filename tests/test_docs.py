@@ -111,3 +111,13 @@ def test_quickstart_and_readme_facts():
     assert "NumPy >= 2.0," in quickstart and "the CPU backend has no cap" in quickstart
     assert "numpy<2.5" in config["project"]["optional-dependencies"]["gpu"]
     assert "The ``gpu`` extra caps NumPy below 2.5" in quickstart
+
+
+def test_backends_example():
+    """The worked example of ``moe_numba.backends`` (its docstring) runs as written."""
+    import doctest
+
+    from moe_numba import backends
+
+    failed, attempted = doctest.testmod(backends, verbose=False, report=False)[:2]
+    assert attempted > 0 and failed == 0

@@ -6,10 +6,14 @@ forward of :func:`expert_parallel_moe`, on every rank (docs/expert_parallel.rst 
 
     agree    one all_gather of a few int64 per rank: this call's arguments and local
              errors, the same on every rank or every rank raises (:mod:`._agreement`)
-    counts   distinct tokens per expert on the device, one all_to_all of the counts (and,
-             with validate, of each rank's routing-map check), ONE device-to-host read
-    permute  moe_permute over all E experts: rows grouped by expert, so by owning rank;
-             each (source rank, expert) chunk padded to padding_alignment rows
+    counts   each expert's rows, padding included, from moe_permute's own scan of the
+             routing map on the device (override_buffer_size, return_expert_offsets, no
+             rows gathered; with validate, its check of the routing map, which waits for
+             its status words); one all_to_all of the sizes and of each rank's failure
+             code, ONE device-to-host read; a failed rank's error raised on every rank
+    permute  moe_permute over all E experts with those sizes: rows grouped by expert, so
+             by owning rank; each (source rank, expert) chunk padded to padding_alignment
+             rows
     dispatch all_to_all_single of the rows and of their probabilities
     sort     moe_sort_chunks: [source rank][local expert] -> [local expert][source rank]
     experts  expert_fn(rows, tokens_per_expert, probs) on this rank's experts, then one
