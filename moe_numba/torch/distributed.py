@@ -6,14 +6,13 @@ forward of :func:`expert_parallel_moe`, on every rank (docs/expert_parallel.rst 
 
     agree    one all_gather of a few int64 per rank: this call's arguments and local
              errors, the same on every rank or every rank raises (:mod:`._agreement`)
-    counts   each expert's rows, padding included, from moe_permute's own scan of the
-             routing map on the device (override_buffer_size, return_expert_offsets, no
-             rows gathered; with validate, its check of the routing map, which waits for
-             its status words); one all_to_all of the sizes and of each rank's failure
-             code, ONE device-to-host read; a failed rank's error raised on every rank
-    permute  moe_permute over all E experts with those sizes: rows grouped by expert, so
-             by owning rank; each (source rank, expert) chunk padded to padding_alignment
-             rows
+    counts   distinct tokens per expert from moe_permute's own scan of the routing map
+             on the device (override_buffer_size, return_expert_offsets, no rows
+             gathered; with validate, its check of the routing map, which waits for its
+             status words); one all_to_all of the counts and of each rank's failure code,
+             ONE device-to-host read; a failed rank's error raised on every rank
+    permute  moe_permute over all E experts: rows grouped by expert, so by owning rank;
+             each (source rank, expert) chunk padded to padding_alignment rows
     dispatch all_to_all_single of the rows and of their probabilities
     sort     moe_sort_chunks: [source rank][local expert] -> [local expert][source rank]
     experts  expert_fn(rows, tokens_per_expert, probs) on this rank's experts, then one
@@ -45,9 +44,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .._capacities import padded
 from .._contract import (
     COMBINE_DTYPES,
-    MAX_ROWS,
     ROUTEMAP_DTYPES,
     PermuteArrays,
     PermuteScalars,
@@ -254,21 +253,20 @@ def _all_to_all(x, output_splits, input_splits, group):
     return out
 
 
-def _padded_sizes(x, routemap, probs, num_experts, alignment, validate):
-    """Each expert's rows in the permute's layout, padding included (int32 [E], on the
-    tensors' device): the permute's own counts, from its scan of the routing map with
-    ``override_buffer_size`` (a buffer no routing map can fill, so no block is cut) and
-    ``return_expert_offsets``, gathering no rows. With ``validate`` the permute checks the
-    routing map too, and raises its error here, on this rank."""
+def _counts(x, routemap, probs, num_experts, validate):
+    """Distinct tokens per expert (int32 [E], on the tensors' device; ids outside [0, E)
+    skipped, a repeated expert counted once): the permute's own counts, from its scan of
+    the routing map with ``override_buffer_size`` (room for every (token, expert) pair, no
+    padding, so no block is cut) and ``return_expert_offsets``, gathering no rows. With
+    ``validate`` the permute checks the routing map too, and raises its error here, on this
+    rank."""
     num_tokens, topk = routemap.shape
-    pairs = num_tokens * min(topk, num_experts)  # (each token counts once per expert)
-    bound = min(pairs + min(pairs, num_experts) * (alignment - 1), MAX_ROWS)
     arrays = PermuteArrays(x, None, routemap, probs)
     scalars = PermuteScalars(
         num_experts,
-        alignment,
+        padding_alignment=1,
         do_gather=False,
-        override_buffer_size=bound,
+        override_buffer_size=num_tokens * min(topk, num_experts),
         validate=validate,
         return_expert_offsets=True,
     )
@@ -529,22 +527,26 @@ def expert_parallel_moe(
         per_rank = len(experts)
         failure = None
         try:
-            sizes = _padded_sizes(x, routemap, probs, num_experts, alignment, validate)
+            counts = _counts(x, routemap, probs, num_experts, validate)
         except (TypeError, ValueError) as error:  # (raised below, on every rank)
             failure = error
-            sizes = torch.zeros(num_experts, dtype=torch.int32, device=routemap.device)
-        # to each rank: the sizes of its experts, and this rank's failure code
-        code = torch.full((ranks, 1), failure_code(failure), dtype=torch.int32, device=sizes.device)
-        message = torch.cat([sizes.view(ranks, per_rank), code], 1)
+            counts = torch.zeros(num_experts, dtype=torch.int32, device=routemap.device)
+        # to each rank: the counts of its experts, and this rank's failure code
+        code = counts.new_full((ranks, 1), failure_code(failure))
+        message = torch.cat([counts.view(ranks, per_rank), code], 1)
         received = torch.empty_like(message)
         dist.all_to_all_single(received, message, group=group)
         # the split sizes: the one device-to-host read besides the agreements
-        host = torch.cat([sizes, received.flatten()]).tolist()
+        host = torch.cat([counts, received.flatten()]).tolist()
     width = per_rank + 1
     raise_any_failure(host[num_experts + per_rank :: width], failure, group)
-    sent = host[:num_experts]
+    sent = [padded(n, alignment) for n in host[:num_experts]]
     # rows of each (source rank q, local expert j) chunk arriving here, in arrival order
-    arriving = [host[num_experts + q * width + j] for q in range(ranks) for j in range(per_rank)]
+    arriving = [
+        padded(host[num_experts + q * width + j], alignment)
+        for q in range(ranks)
+        for j in range(per_rank)
+    ]
     input_splits = [sum(sent[q * per_rank : (q + 1) * per_rank]) for q in range(ranks)]
     output_splits = [sum(arriving[q * per_rank : (q + 1) * per_rank]) for q in range(ranks)]
     order = [q * per_rank + j for j in range(per_rank) for q in range(ranks)]
@@ -613,8 +615,8 @@ def single_process_moe(
     num_experts = check_int("num_experts", num_experts, 1)
     _check_inputs(x, routemap, probs, expert_fn)
     x, routemap, probs = _contiguous(x, routemap, probs)
-    sizes = _padded_sizes(x, routemap, probs, num_experts, alignment, validate).tolist()
-    rows, rowmap, row_probs = _permute(x, routemap, probs, num_experts, sizes, alignment)
-    out = expert_fn(rows, sizes, row_probs)
+    counts = _counts(x, routemap, probs, num_experts, validate).tolist()
+    rows, rowmap, row_probs = _permute(x, routemap, probs, num_experts, counts, alignment)
+    out = expert_fn(rows, [padded(n, alignment) for n in counts], row_probs)
     out = _check_expert_output(out, rows.shape[0], rows.device)
     return _unpermute(out, rowmap, routemap, row_probs, num_experts, using_weighted_combine)
