@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from moe_numba import moe_permute, moe_unpermute
+from moe_numba import moe_permute, moe_unpermute, oracle
 from moe_numba.__main__ import check_fits, check_topk
 
 from . import environment, records
@@ -59,7 +59,7 @@ def layer_inputs(num_tokens, hidden, topk, num_experts, alignment, *, seed=0, de
     logits = torch.randn(num_tokens, num_experts, device=device, generator=generator)
     probs, ids = torch.topk(logits.softmax(dim=1), topk, dim=1)
     counts = torch.bincount(ids.flatten(), minlength=num_experts)
-    num_rows = int(((counts + alignment - 1) // alignment * alignment).sum())
+    num_rows = int(oracle.padded_rows(counts.tolist(), alignment).sum())
     grad_out = torch.randn(num_tokens, hidden, device=device, generator=generator)
     return dict(
         x=x.requires_grad_(),
