@@ -574,3 +574,17 @@ def test_unpermute_empty():
     rm = rng.integers(-1, 3, (4, 2)).astype(np.int32)
     run_unpermute(rows, rowmap, rm, np.zeros(0, np.float32), 3, True, True)
     run_unpermute(rows, rowmap[:0], rm[:0], np.zeros(0, np.float32), 3, False, True)
+
+
+def test_the_gpu_backend_offers_a_method_per_op():
+    """``moe_numba.backends``' promise for the GPU backend: one method per op, named as the
+    op, taking ``(plan, arrays, empty)`` first."""
+    import inspect
+
+    from moe_numba import backends
+    from moe_numba.ops import OPS
+
+    backend = backends.gpu_backend()
+    for op in OPS:
+        method = getattr(backend, op.name)
+        assert list(inspect.signature(method).parameters)[:3] == ["plan", "arrays", "empty"]

@@ -184,3 +184,16 @@ def test_missing_cuda_compiler_libraries_name_the_extra():
         r"moe-numba checkout",
     ):
         kernel.cu_kernel(0)
+
+
+def test_the_cpu_backend_offers_a_method_per_op():
+    """``moe_numba.backends``' promise: one method per op, named as the op, taking ``(plan,
+    arrays, empty)`` (the GPU backend's is checked in the simulator, test_cuda_kernels)."""
+    import inspect
+
+    from moe_numba.ops import OPS
+
+    backend = backends.cpu_backend()
+    for op in OPS:
+        method = getattr(backend, op.name)
+        assert list(inspect.signature(method).parameters)[:3] == ["plan", "arrays", "empty"]
