@@ -36,16 +36,35 @@ def metadata(arrays):
 
 
 def cpu_backend():
-    """The CPU backend (the Cython loops of :mod:`moe_cpu`): NumPy arrays and views of
-    CPU tensors."""
+    """The CPU backend: the Cython loops of :mod:`moe_cpu`, for NumPy arrays and views of
+    CPU tensors.
+
+    Returns
+    -------
+    module
+        One function per op, named as the op: ``<op.name>(plan, arrays, empty) ->
+        (outputs, status)``.
+    """
     from . import _cpu
 
     return _cpu
 
 
 def gpu_backend():
-    """The GPU backend (the numba.cuda kernels), loaded on first use; raises
-    :class:`~moe_numba.GPUUnavailableError`, saying what is missing, where it cannot load."""
+    """The GPU backend: the numba.cuda kernels, loaded on first use.
+
+    Returns
+    -------
+    object
+        One method per op, named as the op: ``<op.name>(plan, arrays, empty=None) ->
+        (outputs, status)``.
+
+    Raises
+    ------
+    moe_numba.GPUUnavailableError
+        Where it cannot load, saying what is missing (numba.cuda, a GPU and its driver, the
+        CUDA compiler libraries).
+    """
     from ._gpu import gpu_backend
 
     return gpu_backend()
@@ -170,9 +189,20 @@ def run(op, backend, plan, arrays, empty=None):
 
 
 def outputs(op, arrays, scalars, capacities=None):
-    """Every output of a call of ``op`` (its outputs NamedTuple): :func:`prepare`, then
-    :func:`run`, on arrays the core serves as they are (NumPy arrays and CUDA arrays);
-    ``op.host_values`` first where the op has host values (``moe_sort_chunks``'s sizes)."""
+    """Every output of a call of ``op``: :func:`prepare`, then :func:`run`, on arrays the
+    core serves as they are (NumPy arrays and CUDA arrays).
+
+    Parameters
+    ----------
+    op, arrays, scalars, capacities
+        As for :func:`prepare`; ``op.host_values`` reads the scalars' host values first
+        where the op has them (``moe_sort_chunks``'s sizes).
+
+    Returns
+    -------
+    NamedTuple
+        The op's outputs, as :func:`run` returns them.
+    """
     if op.host_values is not None:
         arrays, scalars = op.host_values(arrays, scalars)
     backend, plan = prepare(op, arrays, scalars, capacities)
