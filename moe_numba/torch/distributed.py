@@ -540,7 +540,8 @@ def expert_parallel_moe(
         host = torch.cat([counts, received.flatten()]).tolist()
     width = per_rank + 1
     raise_any_failure(host[num_experts + per_rank :: width], failure, group)
-    sent = [padded(n, alignment) for n in host[:num_experts]]
+    local = host[:num_experts]
+    sent = [padded(n, alignment) for n in local]
     # rows of each (source rank q, local expert j) chunk arriving here, in arrival order
     arriving = [
         padded(host[num_experts + q * width + j], alignment)
@@ -555,7 +556,7 @@ def expert_parallel_moe(
     # (the layer's inputs: where their gradients arrive, the backward leaves the layer)
     x, probs = clock.mark(x, None), clock.mark(probs, None)
     with stage("permute", x):
-        rows, rowmap, row_probs = _permute(x, routemap, probs, num_experts, sent, alignment)
+        rows, rowmap, row_probs = _permute(x, routemap, probs, num_experts, local, alignment)
     rows = clock.mark(rows, "permute")
     with stage("all-to-all", x):
         rows_in = _AllToAll.apply(rows, output_splits, input_splits, group)
