@@ -39,7 +39,7 @@ _VIEWED = {
 _VIEWED_BACK = {t: d for d, t in _VIEWED.items()}
 
 
-_INTEGERS = {1: (np.uint8, torch.uint8), 2: (np.int16, torch.int16)}
+_INTEGERS = {1: np.uint8, 2: np.int16}  # (NumPy's side of _BITS)
 
 
 def from_numpy(array):
@@ -47,7 +47,7 @@ def from_numpy(array):
     dtype = _VIEWED.get(array.dtype)
     if dtype is None:
         return torch.from_numpy(array)
-    return torch.from_numpy(array.view(_INTEGERS[array.itemsize][0])).view(dtype)
+    return torch.from_numpy(array.view(_INTEGERS[array.itemsize])).view(dtype)
 
 
 def to_numpy(t):
@@ -56,7 +56,7 @@ def to_numpy(t):
     dtype = _VIEWED_BACK.get(t.dtype)
     if dtype is None:
         return t.numpy().copy()
-    return t.view(_INTEGERS[t.element_size()][1]).numpy().view(dtype).copy()
+    return t.view(_BITS[t.element_size()]).numpy().view(dtype).copy()
 
 
 @contextmanager
